@@ -1,0 +1,275 @@
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::{Attempt, Backend, MemoryBackend, RedisBackend};
+use crate::guard::{Hold, LockGuard};
+use crate::key::LockName;
+use crate::options::Plan;
+use crate::{LockError, LockOptions};
+
+/// How a client talks to Redis: the bounds on connecting and on each call.
+///
+/// Every Redis call, including waiting on a reconnect, gives up after
+/// `command_timeout` with `LockError::Backend`, so an unreachable Redis is an error
+/// within that bound, never a hang.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connect_timeout: Duration::from_secs(2),
+            command_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// The defaults: 2 s to connect, 2 s for each call.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The longest `connect` and each reconnect may take.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The longest one Redis call may take, reconnecting included.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+}
+
+/// A handle on a lock store: one Redis, or this process's memory.
+///
+/// Cloning is cheap and clones share the connection, the client's identity and the
+/// record of which task holds what.
+#[derive(Clone)]
+pub struct LockClient {
+    shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) backend: Backend,
+    /// Random per client; an owner is this id plus the holding task.
+    id: String,
+    /// The holds of this client's tasks, so a task that holds a key re-enters it
+    /// without a round trip.
+    holds: Mutex<HashMap<HoldKey, Weak<Hold>>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct HoldKey {
+    owner: String,
+    hash: String,
+}
+
+impl LockClient {
+    /// Connects to one Redis at `url` (`redis://127.0.0.1:6379`), reconnecting when the
+    /// connection drops.
+    pub async fn connect(url: &str) -> Result<LockClient, LockError> {
+        Self::connect_with(url, ClientConfig::default()).await
+    }
+
+    /// Like [`connect`](Self::connect), with explicit time bounds.
+    pub async fn connect_with(url: &str, config: ClientConfig) -> Result<LockClient, LockError> {
+        let backend = RedisBackend::connect(url, &config).await?;
+        Ok(Self::with_backend(Backend::Redis(backend)))
+    }
+
+    /// Locks kept in this process's memory, with the same semantics as Redis. For
+    /// tests and single-process demos: other processes do not see these locks.
+    pub fn memory() -> LockClient {
+        Self::with_backend(Backend::Memory(MemoryBackend::default()))
+    }
+
+    fn with_backend(backend: Backend) -> LockClient {
+        LockClient {
+            shared: Arc::new(Shared {
+                backend,
+                id: uuid::Uuid::new_v4().simple().to_string(),
+                holds: Mutex::default(),
+            }),
+        }
+    }
+
+    /// Takes the lock on `key`, waiting as `options` say.
+    ///
+    /// Fails with `Busy` when `spin(false)` and the lock is held, `Timeout` when it
+    /// stays held through every attempt, `Backend` when Redis does not answer within
+    /// the client's bound.
+    pub async fn acquire(&self, key: &str, options: &LockOptions) -> Result<LockGuard, LockError> {
+        let plan = options.plan(key)?;
+        self.acquire_planned(key, plan).await
+    }
+
+    /// Makes one attempt: `None` when another owner holds the lock. Any waiting in
+    /// `options` is ignored.
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let mut plan = options.plan(key)?;
+        plan.spin = false;
+        match self.acquire_planned(key, plan).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::Busy { .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn acquire_planned(&self, key: &str, plan: Plan) -> Result<LockGuard, LockError> {
+        let name = LockName::new(key)?;
+        let owner = format!("{}:{}", self.shared.id, task_scope());
+        if let Some(guard) = self.reenter(&owner, &name, &plan)? {
+            return Ok(guard);
+        }
+        let started = Instant::now();
+        let deadline = plan.timeout.map(|timeout| started + timeout);
+        let mut attempts = 0;
+        loop {
+            let sent_at = Instant::now();
+            attempts += 1;
+            let attempt = self
+                .shared
+                .backend
+                .acquire(&name, &owner, plan.lease, plan.fencing)
+                .await?;
+            let expires_in = match attempt {
+                Attempt::Granted { fence } => {
+                    return Ok(self.hold(name, owner, plan, fence, sent_at));
+                }
+                Attempt::Busy { expires_in } => expires_in,
+            };
+            if !plan.spin {
+                return Err(LockError::Busy { key: name.key });
+            }
+            let now = Instant::now();
+            let out_of_attempts = plan.retries.is_some_and(|retries| attempts > retries);
+            let past_deadline = deadline.is_some_and(|deadline| now >= deadline);
+            if out_of_attempts || past_deadline {
+                return Err(LockError::Timeout {
+                    key: name.key,
+                    attempts,
+                    waited: now - started,
+                });
+            }
+            let mut pause = plan.retry_wait;
+            if let Some(expires_in) = expires_in {
+                pause = pause.min(expires_in);
+            }
+            if let Some(deadline) = deadline {
+                pause = pause.min(deadline - now);
+            }
+            self.shared.backend.wait_for_release(&name, pause).await;
+        }
+    }
+
+    /// A task that already holds the key takes it again without asking Redis.
+    fn reenter(
+        &self,
+        owner: &str,
+        name: &LockName,
+        plan: &Plan,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let holds = self.holds();
+        let key = HoldKey {
+            owner: owner.to_owned(),
+            hash: name.hash.clone(),
+        };
+        let Some(hold) = holds.get(&key).and_then(Weak::upgrade) else {
+            return Ok(None);
+        };
+        if !hold.is_held() {
+            return Ok(None);
+        }
+        if !plan.reentrant {
+            return Err(LockError::Reentered {
+                key: name.key.clone(),
+            });
+        }
+        hold.enter();
+        Ok(Some(LockGuard::new(hold)))
+    }
+
+    fn hold(
+        &self,
+        name: LockName,
+        owner: String,
+        plan: Plan,
+        fence: Option<u64>,
+        sent_at: Instant,
+    ) -> LockGuard {
+        let key = HoldKey {
+            owner: owner.clone(),
+            hash: name.hash.clone(),
+        };
+        let hold = Hold::start(self.clone(), name, owner, &plan, fence, sent_at);
+        self.holds().insert(key, Arc::downgrade(&hold));
+        LockGuard::new(hold)
+    }
+
+    /// Ends one of the task's holds of `hold`: true when it was the outermost, and
+    /// the lock must now be released. Leaving and re-entering never interleave.
+    pub(crate) fn leave(&self, hold: &Arc<Hold>) -> bool {
+        let mut holds = self.holds();
+        if !hold.leave() {
+            return false;
+        }
+        let key = HoldKey {
+            owner: hold.owner.clone(),
+            hash: hold.name.hash.clone(),
+        };
+        if holds
+            .get(&key)
+            .is_some_and(|current| std::ptr::eq(current.as_ptr(), Arc::as_ptr(hold)))
+        {
+            holds.remove(&key);
+        }
+        true
+    }
+
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.shared.backend
+    }
+
+    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<HoldKey, Weak<Hold>>> {
+        self.shared
+            .holds
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let backend = match self.shared.backend {
+            Backend::Redis(_) => "redis",
+            Backend::Memory(_) => "memory",
+        };
+        f.debug_struct("LockClient")
+            .field("backend", &backend)
+            .field("id", &self.shared.id)
+            .finish()
+    }
+}
+
+/// The owner scope of the calling code: the tokio task, or the thread when the code
+/// runs outside any task (as in `block_on`).
+fn task_scope() -> String {
+    match tokio::task::try_id() {
+        Some(task) => format!("task-{task}"),
+        None => format!("thread-{:?}", std::thread::current().id()),
+    }
+}

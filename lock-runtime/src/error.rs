@@ -1,0 +1,159 @@
+use std::fmt;
+use std::time::Duration;
+
+/// Everything that can go wrong while taking, holding or releasing a lock.
+///
+/// Each variant that concerns one lock carries its key, as the caller gave it, so
+/// that a log line or an HTTP error body says which lock was at fault.
+#[derive(Debug)]
+#[non_exhaustive]
+#[allow(missing_docs, reason = "the fields' names say what they hold")]
+pub enum LockError {
+    /// The lock is held by another owner and the caller asked not to wait.
+    Busy { key: String },
+    /// The lock stayed busy through every allowed attempt or past the deadline.
+    Timeout {
+        key: String,
+        attempts: u32,
+        waited: Duration,
+    },
+    /// The lease ran out or was taken over while the lock was held.
+    Lost { key: String },
+    /// The caller tried to release or extend a lock it no longer owns.
+    NotHeld { key: String },
+    /// The task already holds this key and the options forbid re-entering it.
+    Reentered { key: String },
+    /// No client was given and no default client was set.
+    NoDefaultClient,
+    /// The key cannot name a lock (empty, or too long).
+    InvalidKey { key: String, reason: &'static str },
+    /// The options contradict each other or are out of range.
+    InvalidOptions { key: String, reason: String },
+    /// Redis could not be reached or answered with an error.
+    Backend {
+        key: Option<String>,
+        source: redis::RedisError,
+    },
+    /// Fewer Redlock masters than a quorum granted or confirmed the lock.
+    Quorum {
+        key: String,
+        granted: usize,
+        needed: usize,
+    },
+}
+
+impl LockError {
+    /// The key of the lock concerned, when there is one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            LockError::Busy { key }
+            | LockError::Timeout { key, .. }
+            | LockError::Lost { key }
+            | LockError::NotHeld { key }
+            | LockError::Reentered { key }
+            | LockError::InvalidKey { key, .. }
+            | LockError::InvalidOptions { key, .. }
+            | LockError::Quorum { key, .. } => Some(key),
+            LockError::Backend { key, .. } => key.as_deref(),
+            LockError::NoDefaultClient => None,
+        }
+    }
+
+    /// True when another owner holds the lock, so trying again later may succeed.
+    pub fn is_contention(&self) -> bool {
+        matches!(self, LockError::Busy { .. } | LockError::Timeout { .. })
+    }
+
+    pub(crate) fn backend(key: &str, source: redis::RedisError) -> Self {
+        LockError::Backend {
+            key: Some(key.to_owned()),
+            source,
+        }
+    }
+}
+
+/// Keys can be up to 64 KiB; messages show the start of long ones.
+struct Shown<'a>(&'a str);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const MAX: usize = 120;
+        match self.0.char_indices().nth(MAX) {
+            None => write!(f, "`{}`", self.0),
+            Some((cut, _)) => write!(f, "`{}…` ({} bytes)", &self.0[..cut], self.0.len()),
+        }
+    }
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LockError::Busy { key } => write!(
+                f,
+                "lock {} is held by another owner; try again later, or wait for it with `spin(true)`",
+                Shown(key)
+            ),
+            LockError::Timeout {
+                key,
+                attempts,
+                waited,
+            } => write!(
+                f,
+                "lock {} stayed busy through {attempts} attempts over {} ms; raise `retries` or `timeout`, or shorten the work done under the lock",
+                Shown(key),
+                waited.as_millis()
+            ),
+            LockError::Lost { key } => write!(
+                f,
+                "lock {} was lost while held (its lease ran out or was taken over), so the work may not have run alone; make it idempotent or check a fencing token",
+                Shown(key)
+            ),
+            LockError::NotHeld { key } => write!(
+                f,
+                "lock {} is no longer held by this owner (its lease ran out or it was released); nothing was changed",
+                Shown(key)
+            ),
+            LockError::Reentered { key } => write!(
+                f,
+                "lock {} is already held by this task and `reentrant(false)` forbids taking it again; allow re-entry or take the lock once, in the outer call",
+                Shown(key)
+            ),
+            LockError::NoDefaultClient => f.write_str(
+                "no lock client: call `lock_runtime::set_default_client(LockClient::connect(url).await?)` at start-up, or pass `client = \"...\"` to `#[distributed_lock]`",
+            ),
+            LockError::InvalidKey { key, reason } => {
+                write!(f, "invalid lock key {}: {reason}", Shown(key))
+            }
+            LockError::InvalidOptions { key, reason } => {
+                write!(f, "invalid options for lock {}: {reason}", Shown(key))
+            }
+            LockError::Backend { key: Some(key), source } => write!(
+                f,
+                "Redis failed for lock {}: {source}; check that Redis is up and reachable",
+                Shown(key)
+            ),
+            LockError::Backend { key: None, source } => write!(
+                f,
+                "Redis failed: {source}; check the URL and that Redis is up and reachable"
+            ),
+            LockError::Quorum {
+                key,
+                granted,
+                needed,
+            } => write!(
+                f,
+                "lock {} was granted by {granted} Redis masters but needs {needed}; check that a majority of the masters is reachable",
+                Shown(key)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LockError::Backend { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,260 @@
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::backend::Release;
+use crate::key::LockName;
+use crate::options::{MAX_LEASE, Plan};
+use crate::{LockClient, LockError};
+
+/// A held lock. Release it with [`release`](Self::release); dropping it releases in
+/// the background instead, on the runtime it was acquired on.
+///
+/// Guards of one task that re-entered a key share one hold: the lock is released
+/// when the outermost guard goes.
+pub struct LockGuard {
+    hold: Arc<Hold>,
+    released: bool,
+}
+
+/// One task's hold of one lock, shared by its nested guards.
+pub(crate) struct Hold {
+    client: LockClient,
+    pub(crate) name: LockName,
+    pub(crate) owner: String,
+    fence: Option<u64>,
+    /// Guards alive on this hold; changed only under the client's holds table lock.
+    holders: AtomicU32,
+    /// The instant until which the lease is known valid by this process's clock.
+    /// A loss sets it to the past, so "lost" and "expired" are one state.
+    valid_until: watch::Sender<Instant>,
+    watchdog: Mutex<Option<JoinHandle<()>>>,
+    runtime: Option<Handle>,
+}
+
+/// Redis measures a lease on its own clock; allow for the two clocks running at
+/// slightly different rates, as Redlock does.
+fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
+    let drift = lease / 100 + Duration::from_millis(2);
+    sent_at + lease.saturating_sub(drift)
+}
+
+impl Hold {
+    pub(crate) fn start(
+        client: LockClient,
+        name: LockName,
+        owner: String,
+        plan: &Plan,
+        fence: Option<u64>,
+        sent_at: Instant,
+    ) -> Arc<Hold> {
+        let runtime = Handle::try_current().ok();
+        let hold = Arc::new(Hold {
+            client,
+            name,
+            owner,
+            fence,
+            holders: AtomicU32::new(1),
+            valid_until: watch::Sender::new(valid_until(sent_at, plan.lease)),
+            watchdog: Mutex::new(None),
+            runtime,
+        });
+        if plan.watchdog {
+            if let Some(runtime) = &hold.runtime {
+                let renewing = renew_while_held(Arc::downgrade(&hold), plan.lease, plan.max_hold);
+                *hold.watchdog.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(runtime.spawn(renewing));
+            }
+        }
+        hold
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        Instant::now() < *self.valid_until.borrow()
+    }
+
+    pub(crate) fn enter(&self) {
+        self.holders.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// True when the last guard left.
+    pub(crate) fn leave(&self) -> bool {
+        self.holders.fetch_sub(1, Ordering::Relaxed) == 1
+    }
+
+    fn mark_lost(&self) {
+        self.valid_until.send_replace(Instant::now());
+    }
+
+    fn stop_watchdog(&self) {
+        if let Some(watchdog) = self
+            .watchdog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            watchdog.abort();
+        }
+    }
+
+    async fn release(&self) -> Result<(), LockError> {
+        self.stop_watchdog();
+        self.mark_lost();
+        match self
+            .client
+            .backend()
+            .release(&self.name, &self.owner)
+            .await?
+        {
+            Release::Freed | Release::StillHeld => Ok(()),
+            Release::NotHeld => Err(LockError::NotHeld {
+                key: self.name.key.clone(),
+            }),
+        }
+    }
+}
+
+/// The watchdog: renews the lease every third of it while the hold lives. An error
+/// is retried until the lease has run out; a refusal means another owner has it.
+async fn renew_while_held(hold: Weak<Hold>, lease: Duration, max_hold: Option<Duration>) {
+    let every = lease / 3;
+    let retry_every = (every / 4).max(Duration::from_millis(5));
+    let renew_until = max_hold.map(|max_hold| Instant::now() + max_hold);
+    let mut next = Instant::now() + every;
+    loop {
+        if renew_until.is_some_and(|until| next >= until) {
+            return;
+        }
+        tokio::time::sleep_until(next).await;
+        let Some(hold) = hold.upgrade() else { return };
+        let sent_at = Instant::now();
+        match hold
+            .client
+            .backend()
+            .renew(&hold.name, &hold.owner, lease)
+            .await
+        {
+            Ok(true) => {
+                hold.valid_until.send_replace(valid_until(sent_at, lease));
+                next = sent_at + every;
+            }
+            Ok(false) => return hold.mark_lost(),
+            Err(_) if !hold.is_held() => return hold.mark_lost(),
+            Err(_) => next = Instant::now() + retry_every,
+        }
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(hold: Arc<Hold>) -> LockGuard {
+        LockGuard {
+            hold,
+            released: false,
+        }
+    }
+
+    /// The key, as the caller gave it.
+    pub fn key(&self) -> &str {
+        &self.hold.name.key
+    }
+
+    /// The fencing token of this acquisition, when `fencing(true)` was asked for.
+    /// Tokens of one key only grow, so a store that remembers the largest token it
+    /// has seen can refuse the writes of a holder that lost the lock.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.hold.fence
+    }
+
+    /// True while the lease is known valid: not lost, not run out by this process's
+    /// clock (less an allowance for clock drift).
+    pub fn is_held(&self) -> bool {
+        self.hold.is_held()
+    }
+
+    /// Completes when the lease is known lost: a renewal was refused, or the lease
+    /// ran out without being renewed. Never completes while the lock is held.
+    pub async fn lost(&self) {
+        let mut valid_until = self.hold.valid_until.subscribe();
+        loop {
+            let until = *valid_until.borrow_and_update();
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                _ = valid_until.changed() => {}
+            }
+        }
+    }
+
+    /// Sets the lease to `lease` from now, if this owner still holds the lock.
+    /// `NotHeld` when it does not; nothing is changed then.
+    pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
+        if lease < Duration::from_millis(1) || lease > MAX_LEASE {
+            return Err(LockError::InvalidOptions {
+                key: self.hold.name.key.clone(),
+                reason: "the lease must be from 1 ms to 2^52 ms".to_owned(),
+            });
+        }
+        let hold = &self.hold;
+        let sent_at = Instant::now();
+        if hold
+            .client
+            .backend()
+            .renew(&hold.name, &hold.owner, lease)
+            .await?
+        {
+            hold.valid_until.send_replace(valid_until(sent_at, lease));
+            Ok(())
+        } else {
+            hold.mark_lost();
+            Err(LockError::NotHeld {
+                key: hold.name.key.clone(),
+            })
+        }
+    }
+
+    /// Releases the lock, or this guard's share of it when the task re-entered the key.
+    /// `NotHeld` when the lease had run out or another owner had taken over: nothing
+    /// was deleted then.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.released = true;
+        if self.hold.client.leave(&self.hold) {
+            self.hold.release().await
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.released || !self.hold.client.leave(&self.hold) {
+            return;
+        }
+        self.hold.stop_watchdog();
+        // Outside any runtime, nothing can run the release: the lease frees the lock.
+        if let Some(runtime) = &self.hold.runtime {
+            let hold = Arc::clone(&self.hold);
+            runtime.spawn(async move {
+                let _ = hold.release().await;
+            });
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.key())
+            .field("fencing_token", &self.fencing_token())
+            .field("is_held", &self.is_held())
+            .finish()
+    }
+}

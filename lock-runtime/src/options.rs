@@ -1,0 +1,265 @@
+use std::fmt;
+use std::time::Duration;
+
+use crate::LockError;
+
+/// The lease a watchdog-renewed lock takes; renewed every third of it.
+pub const WATCHDOG_LEASE: Duration = Duration::from_secs(30);
+/// Further attempts after the first, unless set.
+pub const DEFAULT_RETRIES: u32 = 20;
+/// The longest pause between attempts, unless set.
+pub const DEFAULT_RETRY_WAIT: Duration = Duration::from_millis(50);
+/// The longest lease accepted: Redis rejects expiry times past `i64::MAX` ms.
+pub const MAX_LEASE: Duration = Duration::from_millis(1 << 52);
+
+/// How to take a lock: lease, waiting, re-entry and fencing.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::LockOptions;
+///
+/// let fail_fast = LockOptions::new().spin(false);
+/// let patient = LockOptions::new().retries(100).retry_wait(Duration::from_millis(20));
+/// let fixed = LockOptions::new().lease(Duration::from_secs(5));
+/// # let _ = (fail_fast, patient, fixed);
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    lease: Option<Duration>,
+    watchdog: Option<bool>,
+    max_hold: Option<Duration>,
+    spin: bool,
+    retries: Option<u32>,
+    retry_wait: Option<Duration>,
+    timeout: Option<Duration>,
+    reentrant: bool,
+    fencing: bool,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            lease: None,
+            watchdog: None,
+            max_hold: None,
+            spin: true,
+            retries: None,
+            retry_wait: None,
+            timeout: None,
+            reentrant: true,
+            fencing: false,
+        }
+    }
+}
+
+impl LockOptions {
+    /// The defaults: wait up to 20 further attempts, a 30 s lease renewed by the
+    /// watchdog, re-entrant, no fencing token.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A fixed lease. The lock frees itself this long after it was taken unless
+    /// extended; the watchdog is off unless `watchdog(true)` is also set.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Renew the lease every third of it while the guard lives.
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = Some(on);
+        self
+    }
+
+    /// The longest the watchdog keeps renewing; after that the lease runs out.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Wait for a busy lock (`true`, the default) or fail at once with `Busy`.
+    pub fn spin(mut self, spin: bool) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    /// Further attempts after the first before giving up with `Timeout`.
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.retries = Some(retries);
+        self
+    }
+
+    /// The longest pause between attempts; a release wakes waiters sooner.
+    pub fn retry_wait(mut self, wait: Duration) -> Self {
+        self.retry_wait = Some(wait);
+        self
+    }
+
+    /// An overall deadline for acquiring. Without `retries` it is the only bound;
+    /// with both, whichever comes first ends the waiting.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Let a task that holds the key take it again (the default) instead of failing
+    /// with `Reentered`.
+    pub fn reentrant(mut self, reentrant: bool) -> Self {
+        self.reentrant = reentrant;
+        self
+    }
+
+    /// Issue a fencing token with each fresh acquisition.
+    pub fn fencing(mut self, fencing: bool) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// Checks the options and settles every default.
+    pub(crate) fn plan(&self, key: &str) -> Result<Plan, LockError> {
+        let invalid = |reason: &str| LockError::InvalidOptions {
+            key: key.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let lease = self.lease.unwrap_or(WATCHDOG_LEASE);
+        if lease < Duration::from_millis(1) {
+            return Err(invalid("the lease must be at least 1 ms"));
+        }
+        if lease > MAX_LEASE {
+            return Err(invalid(
+                "the lease is longer than Redis accepts; use a lease under 2^52 ms, or the watchdog",
+            ));
+        }
+        let watchdog = self.watchdog.unwrap_or(self.lease.is_none());
+        if self.max_hold.is_some() && !watchdog {
+            return Err(invalid(
+                "`max_hold` caps the watchdog, which is off; drop `max_hold` or set `watchdog(true)`",
+            ));
+        }
+        if self.max_hold == Some(Duration::ZERO) {
+            return Err(invalid("`max_hold` must be more than zero"));
+        }
+        if !self.spin
+            && (self.retries.is_some() || self.retry_wait.is_some() || self.timeout.is_some())
+        {
+            return Err(invalid(
+                "`spin(false)` fails at once, so `retries`, `retry_wait` and `timeout` would never apply; drop them or spin",
+            ));
+        }
+        let retry_wait = self.retry_wait.unwrap_or(DEFAULT_RETRY_WAIT);
+        if retry_wait.is_zero() {
+            return Err(invalid("`retry_wait` must be more than zero"));
+        }
+        Ok(Plan {
+            lease,
+            watchdog,
+            max_hold: self.max_hold,
+            spin: self.spin,
+            retries: match (self.retries, self.timeout) {
+                (Some(retries), _) => Some(retries),
+                (None, Some(_)) => None,
+                (None, None) => Some(DEFAULT_RETRIES),
+            },
+            retry_wait,
+            timeout: self.timeout,
+            reentrant: self.reentrant,
+            fencing: self.fencing,
+        })
+    }
+}
+
+impl fmt::Debug for LockOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("LockOptions");
+        match self.lease {
+            Some(lease) => s.field("lease", &lease),
+            None => s.field("lease", &format_args!("{WATCHDOG_LEASE:?} (watchdog)")),
+        };
+        s.field("watchdog", &self.watchdog.unwrap_or(self.lease.is_none()));
+        if let Some(max_hold) = self.max_hold {
+            s.field("max_hold", &max_hold);
+        }
+        s.field("spin", &self.spin);
+        if self.spin {
+            match (self.retries, self.timeout) {
+                (Some(retries), _) => s.field("retries", &retries),
+                (None, Some(_)) => s.field("retries", &format_args!("unbounded")),
+                (None, None) => s.field("retries", &DEFAULT_RETRIES),
+            };
+            s.field("retry_wait", &self.retry_wait.unwrap_or(DEFAULT_RETRY_WAIT));
+            if let Some(timeout) = self.timeout {
+                s.field("timeout", &timeout);
+            }
+        }
+        s.field("reentrant", &self.reentrant)
+            .field("fencing", &self.fencing)
+            .finish()
+    }
+}
+
+/// Options with every default settled and checked.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) lease: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) spin: bool,
+    /// `None` when only the timeout bounds the waiting.
+    pub(crate) retries: Option<u32>,
+    pub(crate) retry_wait: Duration,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) reentrant: bool,
+    pub(crate) fencing: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(options: LockOptions) -> String {
+        match options.plan("k") {
+            Err(LockError::InvalidOptions { reason, .. }) => reason,
+            other => panic!("expected InvalidOptions, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_take_a_watchdog_lease_and_spin() {
+        let plan = LockOptions::new().plan("k").unwrap();
+        assert_eq!(plan.lease, WATCHDOG_LEASE);
+        assert!(plan.watchdog);
+        assert_eq!(plan.retries, Some(DEFAULT_RETRIES));
+        let deadline_only = LockOptions::new()
+            .timeout(Duration::from_secs(1))
+            .plan("k")
+            .unwrap();
+        assert_eq!(deadline_only.retries, None);
+        let fixed = LockOptions::new()
+            .lease(Duration::from_secs(2))
+            .plan("k")
+            .unwrap();
+        assert!(!fixed.watchdog);
+    }
+
+    #[test]
+    fn contradictions_and_ranges_are_rejected() {
+        assert!(reason(LockOptions::new().lease(Duration::ZERO)).contains("at least 1 ms"));
+        assert!(reason(LockOptions::new().lease(Duration::from_micros(999))).contains("1 ms"));
+        assert!(reason(LockOptions::new().lease(Duration::MAX)).contains("longer than Redis"));
+        assert!(reason(LockOptions::new().spin(false).retries(3)).contains("spin(false)"));
+        assert!(
+            reason(
+                LockOptions::new()
+                    .spin(false)
+                    .timeout(Duration::from_secs(1))
+            )
+            .contains("spin(false)")
+        );
+        assert!(reason(LockOptions::new().retry_wait(Duration::ZERO)).contains("retry_wait"));
+        let no_watchdog = LockOptions::new()
+            .lease(Duration::from_secs(1))
+            .max_hold(Duration::from_secs(9));
+        assert!(reason(no_watchdog).contains("max_hold"));
+    }
+}

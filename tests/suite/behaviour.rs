@@ -1,0 +1,497 @@
+//! What every backend must do, run against real Redis and against the memory backend.
+//! Different owners are different tasks, which works the same on both.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, LockGuard, LockOptions};
+use lock_tests::RedisServer;
+use redis::AsyncCommands;
+use tokio::time::Instant;
+
+/// A client under test, and a Redis of its own for shared data and for counting.
+pub(crate) struct Fixture {
+    pub(crate) client: LockClient,
+    pub(crate) redis: RedisServer,
+    pub(crate) on_redis: bool,
+}
+
+impl Fixture {
+    pub(crate) async fn redis() -> Fixture {
+        let redis = RedisServer::start();
+        let client = LockClient::connect(&redis.url()).await.expect("connect");
+        Fixture {
+            client,
+            redis,
+            on_redis: true,
+        }
+    }
+
+    pub(crate) async fn memory() -> Fixture {
+        Fixture {
+            client: LockClient::memory(),
+            redis: RedisServer::start(),
+            on_redis: false,
+        }
+    }
+
+    pub(crate) async fn data(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.redis.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect for data")
+    }
+
+    /// Acquire attempts the server has seen (each is one `EVALSHA`).
+    fn round_trips(&self) -> u64 {
+        self.redis.calls("evalsha")
+    }
+
+    /// Takes `key` in a task of its own, so that the holder is another owner.
+    async fn hold_elsewhere(&self, key: &str, options: LockOptions) -> LockGuard {
+        let client = self.client.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move { client.acquire(&key, &options).await })
+            .await
+            .unwrap()
+            .expect("the other owner takes the lock")
+    }
+
+    /// Whether a task other than the caller could take `key` right now.
+    async fn free_elsewhere(&self, key: &str) -> bool {
+        let client = self.client.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            let guard = client.try_acquire(&key, &LockOptions::new()).await.unwrap();
+            let free = guard.is_some();
+            if let Some(guard) = guard {
+                guard.release().await.unwrap();
+            }
+            free
+        })
+        .await
+        .unwrap()
+    }
+
+    /// How long until another task can take `key`, polling every millisecond.
+    async fn time_until_free(&self, key: &str, at_most: Duration) -> Duration {
+        let started = Instant::now();
+        while !self.free_elsewhere(key).await {
+            assert!(
+                started.elapsed() < at_most,
+                "`{key}` still held after {at_most:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        started.elapsed()
+    }
+}
+
+/// Runs each listed behaviour once on Redis and once on the memory backend.
+macro_rules! on_every_backend {
+    ($($behaviour:ident),* $(,)?) => {
+        mod on_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::Fixture::redis().await).await;
+                }
+            )*
+        }
+        mod on_memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $behaviour() {
+                    super::$behaviour(super::Fixture::memory().await).await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_backend!(
+    mutual_exclusion,
+    stale_holder_cannot_release_or_extend,
+    fail_fast,
+    retries_end_in_timeout,
+    timeout_bounds_waiting,
+    panic_releases,
+    dropped_future_releases,
+    bad_input_is_an_error,
+    reentry_within_a_task,
+    spawned_task_is_another_owner,
+    non_reentrant_nesting_fails_fast,
+    watchdog_keeps_a_long_body_safe,
+    fixed_lease_expires_and_is_lost,
+    fencing_tokens_strictly_increase,
+);
+
+async fn mutual_exclusion(fixture: Fixture) {
+    const TASKS: usize = 32;
+    const SECTIONS: usize = 50;
+    let inside = Arc::new(AtomicBool::new(false));
+    let options = LockOptions::new()
+        .retry_wait(Duration::from_millis(2))
+        .timeout(Duration::from_secs(60));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let client = fixture.client.clone();
+        let mut data = fixture.data().await;
+        let inside = inside.clone();
+        let options = options.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..SECTIONS {
+                let guard = client.acquire("counter", &options).await.unwrap();
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                let count: i64 = data.get("count").await.unwrap_or(0);
+                tokio::task::yield_now().await;
+                let () = data.set("count", count + 1).await.unwrap();
+                inside.store(false, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let count: i64 = fixture.data().await.get("count").await.unwrap();
+    assert_eq!(count, (TASKS * SECTIONS) as i64);
+}
+
+async fn stale_holder_cannot_release_or_extend(fixture: Fixture) {
+    let lease = Duration::from_millis(100);
+    let stale = fixture
+        .client
+        .acquire("account", &LockOptions::new().lease(lease))
+        .await
+        .unwrap();
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    assert!(!stale.is_held());
+    let current = fixture
+        .hold_elsewhere("account", LockOptions::new().lease(Duration::from_secs(10)))
+        .await;
+
+    let extended = stale.extend(Duration::from_secs(60)).await;
+    assert!(matches!(extended, Err(LockError::NotHeld { ref key }) if key == "account"));
+    let released = stale.release().await;
+    assert!(matches!(released, Err(LockError::NotHeld { ref key }) if key == "account"));
+
+    assert!(current.is_held());
+    assert!(
+        !fixture.free_elsewhere("account").await,
+        "the stale release freed the new holder's lock"
+    );
+    current.release().await.unwrap();
+    assert!(fixture.free_elsewhere("account").await);
+}
+
+async fn fail_fast(fixture: Fixture) {
+    let holder = fixture.hold_elsewhere("sku-1", LockOptions::new()).await;
+    assert!(
+        fixture
+            .client
+            .try_acquire("sku-1", &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let busy = fixture
+        .client
+        .acquire("sku-1", &LockOptions::new().spin(false))
+        .await;
+    assert!(
+        matches!(busy, Err(LockError::Busy { ref key }) if key == "sku-1"),
+        "{busy:?}"
+    );
+    holder.release().await.unwrap();
+    let free = fixture
+        .client
+        .try_acquire("sku-1", &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(free.is_some());
+}
+
+async fn retries_end_in_timeout(fixture: Fixture) {
+    let holder = fixture
+        .hold_elsewhere("job", LockOptions::new().lease(Duration::from_secs(10)))
+        .await;
+    let wait = Duration::from_millis(10);
+    let trips_before = fixture.round_trips();
+    let started = Instant::now();
+    let result = fixture
+        .client
+        .acquire("job", &LockOptions::new().retries(3).retry_wait(wait))
+        .await;
+    let elapsed = started.elapsed();
+    match result {
+        Err(LockError::Timeout { key, attempts, .. }) => {
+            assert_eq!(key, "job");
+            assert_eq!(attempts, 4, "the first attempt and exactly 3 retries");
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(
+        elapsed >= wait * 3,
+        "3 pauses of {wait:?} between 4 attempts, took {elapsed:?}"
+    );
+    if fixture.on_redis {
+        assert_eq!(fixture.round_trips() - trips_before, 4);
+    }
+    holder.release().await.unwrap();
+}
+
+async fn timeout_bounds_waiting(fixture: Fixture) {
+    let holder = fixture
+        .hold_elsewhere("report", LockOptions::new().lease(Duration::from_secs(10)))
+        .await;
+    let timeout = Duration::from_millis(200);
+    let started = Instant::now();
+    let result = fixture
+        .client
+        .acquire("report", &LockOptions::new().timeout(timeout))
+        .await;
+    let elapsed = started.elapsed();
+    assert!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "{result:?}"
+    );
+    assert!(elapsed >= timeout, "gave up early: {elapsed:?}");
+    assert!(
+        elapsed < timeout + Duration::from_millis(500),
+        "gave up late: {elapsed:?}"
+    );
+    holder.release().await.unwrap();
+}
+
+async fn panic_releases(fixture: Fixture) {
+    let client = fixture.client.clone();
+    let panicked = tokio::spawn(async move {
+        let _guard = client.acquire("payout", &LockOptions::new()).await.unwrap();
+        panic!("the critical section failed");
+    })
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+    // The lease is 30 s: getting the lock within a second means the guard released it.
+    fixture
+        .time_until_free("payout", Duration::from_secs(1))
+        .await;
+}
+
+async fn dropped_future_releases(fixture: Fixture) {
+    let client = fixture.client.clone();
+    let section = async move {
+        let _guard = client.acquire("refund", &LockOptions::new()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    };
+    let cut_short = tokio::time::timeout(Duration::from_millis(100), section).await;
+    assert!(cut_short.is_err(), "the section was dropped mid-way");
+    fixture
+        .time_until_free("refund", Duration::from_secs(1))
+        .await;
+}
+
+async fn bad_input_is_an_error(fixture: Fixture) {
+    let client = &fixture.client;
+    let options = LockOptions::new();
+    let empty = client.acquire("", &options).await;
+    assert!(
+        matches!(empty, Err(LockError::InvalidKey { .. })),
+        "{empty:?}"
+    );
+    let empty = client.try_acquire("", &options).await;
+    assert!(
+        matches!(empty, Err(LockError::InvalidKey { .. })),
+        "{empty:?}"
+    );
+    let long = "k".repeat(lock_runtime::MAX_KEY_LEN + 1);
+    let error = client.acquire(&long, &options).await.unwrap_err();
+    assert!(matches!(error, LockError::InvalidKey { .. }));
+    assert!(error.to_string().contains("64 KiB"), "{error}");
+
+    for (options, says) in [
+        (LockOptions::new().lease(Duration::ZERO), "at least 1 ms"),
+        (
+            LockOptions::new().lease(Duration::from_secs(u64::MAX)),
+            "longer than Redis accepts",
+        ),
+        (LockOptions::new().spin(false).retries(5), "spin(false)"),
+        (LockOptions::new().retry_wait(Duration::ZERO), "retry_wait"),
+    ] {
+        let error = client.acquire("order:1", &options).await.unwrap_err();
+        assert!(
+            matches!(error, LockError::InvalidOptions { .. }),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("`order:1`") && message.contains(says),
+            "{message}"
+        );
+    }
+    let guard = client.acquire("order:1", &options).await.unwrap();
+    let error = guard.extend(Duration::ZERO).await.unwrap_err();
+    assert!(
+        matches!(error, LockError::InvalidOptions { .. }),
+        "{error:?}"
+    );
+    assert!(guard.is_held(), "a refused extend changes nothing");
+    guard.release().await.unwrap();
+}
+
+async fn reentry_within_a_task(fixture: Fixture) {
+    let options = LockOptions::new().fencing(true);
+    let outer = fixture.client.acquire("cart", &options).await.unwrap();
+    let trips = fixture.round_trips();
+    let inner = fixture.client.acquire("cart", &options).await.unwrap();
+    let innermost = fixture.client.acquire("cart", &options).await.unwrap();
+    if fixture.on_redis {
+        assert_eq!(fixture.round_trips(), trips, "re-entry asks Redis nothing");
+    }
+    assert_eq!(
+        inner.fencing_token(),
+        outer.fencing_token(),
+        "re-entry keeps the token"
+    );
+    innermost.release().await.unwrap();
+    inner.release().await.unwrap();
+    assert!(
+        !fixture.free_elsewhere("cart").await,
+        "inner releases keep the lock"
+    );
+    outer.release().await.unwrap();
+    assert!(
+        fixture.free_elsewhere("cart").await,
+        "the outermost release frees it"
+    );
+}
+
+async fn spawned_task_is_another_owner(fixture: Fixture) {
+    let outer = fixture
+        .client
+        .acquire("ledger", &LockOptions::new())
+        .await
+        .unwrap();
+    let client = fixture.client.clone();
+    let child = tokio::spawn(async move {
+        let started = Instant::now();
+        let waiting = LockOptions::new()
+            .retry_wait(Duration::from_millis(5))
+            .timeout(Duration::from_secs(10));
+        let guard = client.acquire("ledger", &waiting).await.unwrap();
+        let waited = started.elapsed();
+        guard.release().await.unwrap();
+        waited
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        !child.is_finished(),
+        "the child task got in while the parent held the lock"
+    );
+    outer.release().await.unwrap();
+    let waited = child.await.unwrap();
+    assert!(waited >= Duration::from_millis(150), "{waited:?}");
+}
+
+async fn non_reentrant_nesting_fails_fast(fixture: Fixture) {
+    let options = LockOptions::new().reentrant(false);
+    let outer = fixture.client.acquire("batch", &options).await.unwrap();
+    let started = Instant::now();
+    let nested = fixture.client.acquire("batch", &options).await;
+    assert!(
+        matches!(nested, Err(LockError::Reentered { ref key }) if key == "batch"),
+        "{nested:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(50),
+        "it failed at once, not after waiting"
+    );
+    outer.release().await.unwrap();
+}
+
+async fn watchdog_keeps_a_long_body_safe(fixture: Fixture) {
+    let lease = Duration::from_millis(300);
+    let options = LockOptions::new().lease(lease).watchdog(true);
+    let guard = fixture.client.acquire("import", &options).await.unwrap();
+    let body_ends = Instant::now() + lease * 3;
+    while Instant::now() < body_ends {
+        assert!(guard.is_held());
+        assert!(
+            !fixture.free_elsewhere("import").await,
+            "another owner got in while the body ran"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    guard.release().await.unwrap();
+    if fixture.on_redis {
+        let calls_after_release = fixture.round_trips();
+        tokio::time::sleep(lease).await;
+        assert_eq!(
+            fixture.round_trips(),
+            calls_after_release,
+            "renewals went on after release"
+        );
+    }
+    assert!(fixture.free_elsewhere("import").await);
+}
+
+async fn fixed_lease_expires_and_is_lost(fixture: Fixture) {
+    let lease = Duration::from_millis(150);
+    let guard = fixture
+        .client
+        .acquire("export", &LockOptions::new().lease(lease))
+        .await
+        .unwrap();
+    assert!(guard.is_held());
+    let started = Instant::now();
+    guard.lost().await;
+    let elapsed = started.elapsed();
+    assert!(!guard.is_held());
+    assert!(
+        elapsed <= lease,
+        "lost is known no later than the lease: {elapsed:?}"
+    );
+    assert!(elapsed >= lease * 9 / 10, "lost too early: {elapsed:?}");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(fixture.free_elsewhere("export").await);
+}
+
+async fn fencing_tokens_strictly_increase(fixture: Fixture) {
+    let options = LockOptions::new()
+        .fencing(true)
+        .retry_wait(Duration::from_millis(2))
+        .timeout(Duration::from_secs(30));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let client = fixture.client.clone();
+        let options = options.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..20 {
+                let guard = client.acquire("fenced", &options).await.unwrap();
+                seen.push((Instant::now(), guard.fencing_token().expect("a token")));
+                guard.release().await.unwrap();
+            }
+            seen
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all.sort();
+    let tokens: Vec<u64> = all.iter().map(|(_, token)| *token).collect();
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "tokens out of order: {tokens:?}"
+    );
+    assert_eq!(tokens.len(), 160);
+    let plain = fixture
+        .client
+        .acquire("fenced", &LockOptions::new())
+        .await
+        .unwrap();
+    assert_eq!(plain.fencing_token(), None, "no token unless asked");
+}

@@ -1,0 +1,6 @@
+//! The behaviour suite: one binary, one module per concern, against real
+//! `redis-server`s started by `lock_tests` (and the memory backend where it applies).
+
+mod behaviour;
+mod crash;
+mod outage;

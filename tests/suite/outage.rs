@@ -1,0 +1,82 @@
+//! With Redis down, calls fail within the client's bound; when it is back, the same
+//! client works again.
+
+use std::time::Duration;
+
+use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
+use lock_tests::RedisServer;
+use tokio::time::Instant;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_is_an_error_in_bound_and_up_again_works() {
+    let mut redis = RedisServer::start();
+    let bound = Duration::from_millis(500);
+    let config = ClientConfig::new()
+        .command_timeout(bound)
+        .connect_timeout(bound);
+    let client = LockClient::connect_with(&redis.url(), config)
+        .await
+        .unwrap();
+    client
+        .acquire("invoice", &LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    redis.kill();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let result = client.acquire("invoice", &LockOptions::new()).await;
+        let elapsed = started.elapsed();
+        match result {
+            Err(error @ LockError::Backend { .. }) => {
+                assert_eq!(error.key(), Some("invoice"));
+                assert!(error.to_string().contains("reachable"), "{error}");
+            }
+            other => panic!("expected a Backend error, got {other:?}"),
+        }
+        assert!(
+            elapsed <= bound + Duration::from_millis(250),
+            "took {elapsed:?}"
+        );
+    }
+
+    redis.restart();
+    let started = Instant::now();
+    loop {
+        match client.acquire("invoice", &LockOptions::new()).await {
+            Ok(guard) => break guard.release().await.unwrap(),
+            Err(LockError::Backend { .. }) if started.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("the client did not recover: {error}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn connecting_to_nothing_fails_in_bound() {
+    let bound = Duration::from_millis(500);
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let started = Instant::now();
+    let result = LockClient::connect_with(
+        &format!("redis://127.0.0.1:{port}"),
+        ClientConfig::new().connect_timeout(bound),
+    )
+    .await;
+    assert!(
+        matches!(result, Err(LockError::Backend { key: None, .. })),
+        "{result:?}"
+    );
+    assert!(started.elapsed() <= bound + Duration::from_millis(250));
+    let bad_url = LockClient::connect("not a url").await;
+    assert!(
+        matches!(bad_url, Err(LockError::Backend { .. })),
+        "{bad_url:?}"
+    );
+}

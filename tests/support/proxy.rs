@@ -1,0 +1,115 @@
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// A loopback TCP proxy in front of a server, to stall or cut the connections of
+/// the clients that go through it.
+pub struct TcpProxy {
+    port: u16,
+    state: watch::Sender<Flow>,
+    accepting: JoinHandle<()>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Flow {
+    /// Bytes are held back, in both directions, until the proxy resumes.
+    stalled: bool,
+    /// How many times every open connection was cut; a connection made after the
+    /// n-th cut survives until the next.
+    cuts: u64,
+}
+
+impl TcpProxy {
+    /// Listens on a free loopback port and forwards to `127.0.0.1:<target_port>`.
+    pub async fn start(target_port: u16) -> TcpProxy {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let (state, _) = watch::channel(Flow::default());
+        let flows = state.clone();
+        let accepting = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target_port)).await else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pipe(client_read, server_write, flows.subscribe()));
+                tokio::spawn(pipe(server_read, client_write, flows.subscribe()));
+            }
+        });
+        TcpProxy {
+            port,
+            state,
+            accepting,
+        }
+    }
+
+    /// `redis://127.0.0.1:<proxy port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Holds back every byte until [`resume`](Self::resume): the connection stays
+    /// open but nothing gets through, as in a network partition.
+    pub fn stall(&self) {
+        self.state.send_modify(|flow| flow.stalled = true);
+    }
+
+    pub fn resume(&self) {
+        self.state.send_modify(|flow| flow.stalled = false);
+    }
+
+    /// Closes every connection made so far.
+    pub fn cut(&self) {
+        self.state.send_modify(|flow| flow.cuts += 1);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
+        self.cut();
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut flow: watch::Receiver<Flow>,
+) {
+    let born_after = flow.borrow_and_update().cuts;
+    let is_cut = |state: Flow| state.cuts > born_after;
+    let mut buffer = vec![0; 16 * 1024];
+    loop {
+        let read = tokio::select! {
+            read = from.read(&mut buffer) => read,
+            _ = flow.changed() => {
+                if is_cut(*flow.borrow()) {
+                    return;
+                }
+                continue;
+            }
+        };
+        let Ok(n @ 1..) = read else { return };
+        loop {
+            let state = *flow.borrow_and_update();
+            if is_cut(state) {
+                return;
+            }
+            if !state.stalled {
+                break;
+            }
+            if flow.changed().await.is_err() {
+                return;
+            }
+        }
+        if to.write_all(&buffer[..n]).await.is_err() {
+            return;
+        }
+    }
+}

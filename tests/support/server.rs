@@ -1,0 +1,150 @@
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` of its own, on a free loopback port, keeping nothing on disk
+/// unless asked. Killed, and its folder removed, when dropped.
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server with no persistence and waits until it answers.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (`["--appendonly", "yes"]`).
+    pub fn start_with(args: &[&str]) -> RedisServer {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("lock-tests-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create the server's folder");
+        let mut server = RedisServer {
+            port,
+            dir,
+            args: args.iter().map(|arg| arg.to_string()).collect(),
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `SIGKILL`: the server dies at once, losing whatever it did not persist.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and folder (killing it first if it
+    /// runs), and waits until it answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        let mut command = Command::new("redis-server");
+        command
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = match command.spawn() {
+            Ok(child) => child,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server is not on PATH: install it (Debian/Ubuntu: `apt-get install redis-server`), or run scripts/test, which does"
+            ),
+            Err(error) => panic!("could not start redis-server: {error}"),
+        };
+        self.child = Some(child);
+        self.wait_until_ready();
+    }
+
+    /// Stops the server from serving clients for `pause` (`CLIENT PAUSE ALL`).
+    pub fn pause(&self, pause: Duration) {
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(pause.as_millis() as u64)
+            .arg("ALL")
+            .query(&mut self.connection())
+            .expect("CLIENT PAUSE");
+    }
+
+    /// A plain blocking connection, for setting up and inspecting state.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(2)))
+            .expect("connect to the test redis-server")
+    }
+
+    /// How many times the server ran `command` (lower case, e.g. `evalsha`), from
+    /// `INFO commandstats`. Commands run by scripts count too.
+    pub fn calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.connection())
+            .expect("INFO commandstats");
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse().expect("a call count"))
+    }
+
+    fn wait_until_ready(&mut self) {
+        let started = Instant::now();
+        loop {
+            let ping = redis::Client::open(self.url())
+                .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(200)))
+                .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection));
+            if ping.is_ok() {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|child| child.try_wait().ok().flatten())
+            {
+                panic!(
+                    "redis-server on port {} exited at start: {status}",
+                    self.port
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "redis-server on port {} did not answer within 10 s",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("bind a free loopback port")
+        .port()
+}
