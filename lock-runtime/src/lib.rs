@@ -34,6 +34,7 @@
 mod backend;
 mod client;
 mod error;
+mod fencing;
 mod guard;
 #[cfg(any(feature = "axum", feature = "actix"))]
 mod http;
@@ -44,6 +45,7 @@ use std::sync::RwLock;
 
 pub use crate::client::{ClientConfig, LockClient};
 pub use crate::error::LockError;
+pub use crate::fencing::fenced_set;
 pub use crate::guard::LockGuard;
 pub use crate::key::{LockKey, MAX_KEY_LEN};
 pub use crate::options::{

@@ -3,4 +3,5 @@
 
 mod behaviour;
 mod crash;
+mod lease;
 mod outage;

@@ -1,0 +1,154 @@
+//! Lease safety on real Redis: losing a lock from outside, a stalled holder, the
+//! watchdog's cap, and fenced writes from a holder that woke up late.
+
+use std::time::Duration;
+
+use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions, fenced_set};
+use lock_tests::{RedisServer, TcpProxy};
+use redis::AsyncCommands;
+use tokio::time::Instant;
+
+async fn data(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_key_is_noticed_within_one_renewal() {
+    let redis = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let lease = Duration::from_millis(300);
+    let guard = client
+        .acquire("shipment", &LockOptions::new().lease(lease).watchdog(true))
+        .await
+        .unwrap();
+    let () = data(&redis).await.del("lock:{shipment}").await.unwrap();
+    let deleted_at = Instant::now();
+    guard.lost().await;
+    let noticed = deleted_at.elapsed();
+    assert!(!guard.is_held());
+    assert!(
+        noticed <= lease / 3 + Duration::from_millis(50),
+        "noticed after {noticed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_holder_learns_it_lost_and_its_late_release_deletes_nothing() {
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port()).await;
+    let bound = Duration::from_millis(100);
+    let config = ClientConfig::new()
+        .command_timeout(bound)
+        .connect_timeout(bound);
+    let stalled = LockClient::connect_with(&proxy.url(), config)
+        .await
+        .unwrap();
+    let healthy = LockClient::connect(&redis.url()).await.unwrap();
+    let lease = Duration::from_millis(400);
+    let options = LockOptions::new().lease(lease).watchdog(true);
+
+    let stale = stalled.acquire("settlement", &options).await.unwrap();
+    proxy.stall();
+    let stalled_at = Instant::now();
+    stale.lost().await;
+    let noticed = stalled_at.elapsed();
+    assert!(!stale.is_held());
+    assert!(
+        noticed <= lease,
+        "the stalled holder noticed only after {noticed:?}"
+    );
+
+    let current = healthy
+        .acquire("settlement", &options.clone().timeout(lease * 2))
+        .await
+        .expect("the lease ran out on the server, so the healthy client gets in");
+    proxy.resume();
+    let late = stale.release().await;
+    assert!(matches!(late, Err(LockError::NotHeld { .. })), "{late:?}");
+    assert!(current.is_held());
+    let other_owner = tokio::spawn({
+        let healthy = healthy.clone();
+        async move {
+            healthy
+                .try_acquire("settlement", &LockOptions::new())
+                .await
+                .unwrap()
+        }
+    });
+    assert!(
+        other_owner.await.unwrap().is_none(),
+        "the late release freed the current holder's lock"
+    );
+    current.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_caps_the_watchdog() {
+    let redis = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let lease = Duration::from_millis(150);
+    let max_hold = Duration::from_millis(400);
+    let started = Instant::now();
+    let guard = client
+        .acquire(
+            "reindex",
+            &LockOptions::new()
+                .lease(lease)
+                .watchdog(true)
+                .max_hold(max_hold),
+        )
+        .await
+        .unwrap();
+    guard.lost().await;
+    let held = started.elapsed();
+    assert!(held >= max_hold - lease, "renewals stopped early: {held:?}");
+    assert!(
+        held <= max_hold + lease,
+        "renewals went past the cap: {held:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_write_with_an_older_token_is_refused() {
+    let redis = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let mut store = data(&redis).await;
+    let lease = Duration::from_millis(100);
+    let options = LockOptions::new().fencing(true).lease(lease);
+
+    let paused = client.acquire("balance", &options).await.unwrap();
+    let paused_token = paused.fencing_token().unwrap();
+    tokio::time::sleep(lease + Duration::from_millis(20)).await;
+
+    let next = tokio::spawn({
+        let client = client.clone();
+        let options = options.clone();
+        async move { client.acquire("balance", &options).await.unwrap() }
+    })
+    .await
+    .unwrap();
+    let next_token = next.fencing_token().unwrap();
+    assert!(next_token > paused_token);
+    assert!(
+        fenced_set(&mut store, "balance:value", "110", next_token)
+            .await
+            .unwrap()
+    );
+
+    let late = fenced_set(&mut store, "balance:value", "90", paused_token)
+        .await
+        .unwrap();
+    assert!(!late, "the paused holder's late write went through");
+    let stored: String = store.hget("balance:value", "value").await.unwrap();
+    assert_eq!(stored, "110");
+    assert!(
+        fenced_set(&mut store, "balance:value", "120", next_token)
+            .await
+            .unwrap(),
+        "a holder may write twice"
+    );
+}
