@@ -9,6 +9,7 @@ use crate::backend::{Attempt, Backend, MemoryBackend, RedisBackend};
 use crate::guard::{Hold, LockGuard};
 use crate::key::LockName;
 use crate::options::Plan;
+use crate::waiting::{Queues, Turn, wait_for_release};
 use crate::{LockError, LockOptions};
 
 /// How a client talks to Redis: the bounds on connecting and on each call.
@@ -66,6 +67,8 @@ pub(crate) struct Shared {
     /// The holds of this client's tasks, so a task that holds a key re-enters it
     /// without a round trip.
     holds: Mutex<HashMap<HoldKey, Weak<Hold>>>,
+    /// The tasks of this client waiting for each key, in line.
+    pub(crate) queues: Queues,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -99,6 +102,7 @@ impl LockClient {
                 backend,
                 id: uuid::Uuid::new_v4().simple().to_string(),
                 holds: Mutex::default(),
+                queues: Queues::default(),
             }),
         }
     }
@@ -136,9 +140,26 @@ impl LockClient {
             return Ok(guard);
         }
         let started = Instant::now();
+        let turn = if plan.spin {
+            let in_line = self.shared.queues.wait_turn(self, &name);
+            match tokio::time::timeout(plan.patience(), in_line).await {
+                Ok(turn) => turn,
+                Err(_) => return Err(timeout(name, 0, started)),
+            }
+        } else {
+            let turn = self.shared.queues.try_turn(self, &name);
+            turn.ok_or_else(|| LockError::Busy {
+                key: name.key.clone(),
+            })?
+        };
         let deadline = plan.timeout.map(|timeout| started + timeout);
+        let mut releases = turn.subscribed();
+        let mut retries_left = plan.retries;
         let mut attempts = 0;
         loop {
+            if let Some(releases) = &mut releases {
+                releases.mark_unchanged();
+            }
             let sent_at = Instant::now();
             attempts += 1;
             let attempt = self
@@ -148,31 +169,32 @@ impl LockClient {
                 .await?;
             let expires_in = match attempt {
                 Attempt::Granted { fence } => {
-                    return Ok(self.hold(name, owner, plan, fence, sent_at));
+                    return Ok(self.hold(name, owner, plan, fence, sent_at, turn));
                 }
                 Attempt::Busy { expires_in } => expires_in,
             };
             if !plan.spin {
                 return Err(LockError::Busy { key: name.key });
             }
-            let now = Instant::now();
-            let out_of_attempts = plan.retries.is_some_and(|retries| attempts > retries);
-            let past_deadline = deadline.is_some_and(|deadline| now >= deadline);
-            if out_of_attempts || past_deadline {
-                return Err(LockError::Timeout {
-                    key: name.key,
-                    attempts,
-                    waited: now - started,
-                });
+            if retries_left == Some(0)
+                || deadline.is_some_and(|deadline| Instant::now() >= deadline)
+            {
+                return Err(timeout(name, attempts, started));
+            }
+            if releases.is_none() {
+                releases = turn.releases().await;
             }
             let mut pause = plan.retry_wait;
             if let Some(expires_in) = expires_in {
                 pause = pause.min(expires_in);
             }
             if let Some(deadline) = deadline {
-                pause = pause.min(deadline - now);
+                pause = pause.min(deadline.saturating_duration_since(Instant::now()));
             }
-            self.shared.backend.wait_for_release(&name, pause).await;
+            // Waking to a release and losing the race for it does not use up a retry.
+            if !wait_for_release(releases.as_mut(), pause).await {
+                retries_left = retries_left.map(|left| left - 1);
+            }
         }
     }
 
@@ -210,12 +232,13 @@ impl LockClient {
         plan: Plan,
         fence: Option<u64>,
         sent_at: Instant,
+        turn: Turn,
     ) -> LockGuard {
         let key = HoldKey {
             owner: owner.clone(),
             hash: name.hash.clone(),
         };
-        let hold = Hold::start(self.clone(), name, owner, &plan, fence, sent_at);
+        let hold = Hold::start(self.clone(), name, owner, &plan, fence, sent_at, turn);
         self.holds().insert(key, Arc::downgrade(&hold));
         LockGuard::new(hold)
     }
@@ -244,6 +267,10 @@ impl LockClient {
         &self.shared.backend
     }
 
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
     fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<HoldKey, Weak<Hold>>> {
         self.shared
             .holds
@@ -262,6 +289,14 @@ impl fmt::Debug for LockClient {
             .field("backend", &backend)
             .field("id", &self.shared.id)
             .finish()
+    }
+}
+
+fn timeout(name: LockName, attempts: u32, started: Instant) -> LockError {
+    LockError::Timeout {
+        key: name.key,
+        attempts,
+        waited: started.elapsed(),
     }
 }
 

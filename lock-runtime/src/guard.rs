@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::backend::Release;
 use crate::key::LockName;
 use crate::options::{MAX_LEASE, Plan};
+use crate::waiting::Turn;
 use crate::{LockClient, LockError};
 
 /// A held lock. Release it with [`release`](Self::release); dropping it releases in
@@ -34,8 +35,11 @@ pub(crate) struct Hold {
     /// The instant until which the lease is known valid by this process's clock.
     /// A loss sets it to the past, so "lost" and "expired" are one state.
     valid_until: watch::Sender<Instant>,
-    watchdog: Mutex<Option<JoinHandle<()>>>,
+    /// Renews the lease (with the watchdog) and gives up the turn once it is lost.
+    keeper: Mutex<Option<JoinHandle<()>>>,
     runtime: Option<Handle>,
+    /// The client's next task in line for this key waits until this is dropped.
+    turn: Mutex<Option<Turn>>,
 }
 
 /// Redis measures a lease on its own clock; allow for the two clocks running at
@@ -53,6 +57,7 @@ impl Hold {
         plan: &Plan,
         fence: Option<u64>,
         sent_at: Instant,
+        turn: Turn,
     ) -> Arc<Hold> {
         let runtime = Handle::try_current().ok();
         let hold = Arc::new(Hold {
@@ -62,15 +67,17 @@ impl Hold {
             fence,
             holders: AtomicU32::new(1),
             valid_until: watch::Sender::new(valid_until(sent_at, plan.lease)),
-            watchdog: Mutex::new(None),
+            keeper: Mutex::new(None),
             runtime,
+            turn: Mutex::new(Some(turn)),
         });
-        if plan.watchdog {
-            if let Some(runtime) = &hold.runtime {
-                let renewing = renew_while_held(Arc::downgrade(&hold), plan.lease, plan.max_hold);
-                *hold.watchdog.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some(runtime.spawn(renewing));
-            }
+        if let Some(runtime) = &hold.runtime {
+            let keeping = keep(
+                Arc::downgrade(&hold),
+                plan.watchdog.then_some(plan.lease),
+                plan.max_hold,
+            );
+            *hold.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(runtime.spawn(keeping));
         }
         hold
     }
@@ -92,26 +99,22 @@ impl Hold {
         self.valid_until.send_replace(Instant::now());
     }
 
-    fn stop_watchdog(&self) {
-        if let Some(watchdog) = self
-            .watchdog
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            watchdog.abort();
+    fn stop_keeper(&self) {
+        if let Some(keeper) = self.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            keeper.abort();
         }
     }
 
+    fn give_up_turn(&self) {
+        drop(self.turn.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+
     async fn release(&self) -> Result<(), LockError> {
-        self.stop_watchdog();
+        self.stop_keeper();
         self.mark_lost();
-        match self
-            .client
-            .backend()
-            .release(&self.name, &self.owner)
-            .await?
-        {
+        let released = self.client.backend().release(&self.name, &self.owner).await;
+        self.give_up_turn();
+        match released? {
             Release::Freed | Release::StillHeld => Ok(()),
             Release::NotHeld => Err(LockError::NotHeld {
                 key: self.name.key.clone(),
@@ -120,9 +123,21 @@ impl Hold {
     }
 }
 
-/// The watchdog: renews the lease every third of it while the hold lives. An error
-/// is retried until the lease has run out; a refusal means another owner has it.
-async fn renew_while_held(hold: Weak<Hold>, lease: Duration, max_hold: Option<Duration>) {
+/// Keeps a hold for its lifetime: with the watchdog, renews the lease every third
+/// of it; once the lease is lost, lets the client's next task in line go to Redis
+/// even if this guard lives on. Aborted when the hold is released.
+async fn keep(hold: Weak<Hold>, watchdog_lease: Option<Duration>, max_hold: Option<Duration>) {
+    if let Some(lease) = watchdog_lease {
+        renew_while_held(&hold, lease, max_hold).await;
+    }
+    let Some(hold) = hold.upgrade() else { return };
+    until_lost(hold.valid_until.subscribe()).await;
+    hold.give_up_turn();
+}
+
+/// Renewal errors are retried until the lease has run out; a refusal means the
+/// lock is gone.
+async fn renew_while_held(hold: &Weak<Hold>, lease: Duration, max_hold: Option<Duration>) {
     let every = lease / 3;
     let retry_every = (every / 4).max(Duration::from_millis(5));
     let renew_until = max_hold.map(|max_hold| Instant::now() + max_hold);
@@ -147,6 +162,20 @@ async fn renew_while_held(hold: Weak<Hold>, lease: Duration, max_hold: Option<Du
             Ok(false) => return hold.mark_lost(),
             Err(_) if !hold.is_held() => return hold.mark_lost(),
             Err(_) => next = Instant::now() + retry_every,
+        }
+    }
+}
+
+/// Completes once the instant in `valid_until` has passed, following renewals.
+async fn until_lost(mut valid_until: watch::Receiver<Instant>) {
+    loop {
+        let until = *valid_until.borrow_and_update();
+        if Instant::now() >= until {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => {}
+            _ = valid_until.changed() => {}
         }
     }
 }
@@ -180,17 +209,7 @@ impl LockGuard {
     /// Completes when the lease is known lost: a renewal was refused, or the lease
     /// ran out without being renewed. Never completes while the lock is held.
     pub async fn lost(&self) {
-        let mut valid_until = self.hold.valid_until.subscribe();
-        loop {
-            let until = *valid_until.borrow_and_update();
-            if Instant::now() >= until {
-                return;
-            }
-            tokio::select! {
-                () = tokio::time::sleep_until(until) => {}
-                _ = valid_until.changed() => {}
-            }
-        }
+        until_lost(self.hold.valid_until.subscribe()).await;
     }
 
     /// Sets the lease to `lease` from now, if this owner still holds the lock.
@@ -238,7 +257,7 @@ impl Drop for LockGuard {
         if self.released || !self.hold.client.leave(&self.hold) {
             return;
         }
-        self.hold.stop_watchdog();
+        self.hold.stop_keeper();
         // Outside any runtime, nothing can run the release: the lease frees the lock.
         if let Some(runtime) = &self.hold.runtime {
             let hold = Arc::clone(&self.hold);

@@ -40,6 +40,7 @@ mod guard;
 mod http;
 mod key;
 mod options;
+mod waiting;
 
 use std::sync::RwLock;
 

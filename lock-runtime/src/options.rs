@@ -198,6 +198,18 @@ impl fmt::Debug for LockOptions {
     }
 }
 
+impl Plan {
+    /// The longest a task waits in its client's queue for a key: the timeout, or
+    /// as long as its retries would take at full pauses.
+    pub(crate) fn patience(&self) -> Duration {
+        match (self.timeout, self.retries) {
+            (Some(timeout), _) => timeout,
+            (None, Some(retries)) => self.retry_wait.saturating_mul(retries.saturating_add(1)),
+            (None, None) => unreachable!("a plan without a timeout has retries"),
+        }
+    }
+}
+
 /// Options with every default settled and checked.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {

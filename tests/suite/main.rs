@@ -5,3 +5,4 @@ mod behaviour;
 mod crash;
 mod lease;
 mod outage;
+mod waiting;

@@ -2,9 +2,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::signals::Signals;
 use super::{Attempt, Release};
 use crate::key::LockName;
 
@@ -13,7 +14,7 @@ use crate::key::LockName;
 #[derive(Default)]
 pub(crate) struct MemoryBackend {
     state: Mutex<State>,
-    released: Notify,
+    releases: Signals,
 }
 
 #[derive(Default)]
@@ -92,7 +93,7 @@ impl MemoryBackend {
         }
         state.locks.remove(&name.hash);
         drop(state);
-        self.released.notify_waiters();
+        self.releases.notify(&name.channel);
         Release::Freed
     }
 
@@ -111,7 +112,11 @@ impl MemoryBackend {
         }
     }
 
-    pub(crate) async fn wait_for_release(&self, _name: &LockName, at_most: Duration) {
-        let _ = tokio::time::timeout(at_most, self.released.notified()).await;
+    pub(crate) fn subscribe(&self, name: &LockName) -> watch::Receiver<u64> {
+        self.releases.join(&name.channel).0
+    }
+
+    pub(crate) fn unsubscribe(&self, name: &LockName) {
+        self.releases.leave(&name.channel);
     }
 }

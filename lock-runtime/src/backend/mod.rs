@@ -3,8 +3,11 @@
 
 mod memory;
 mod redis;
+mod signals;
 
 use std::time::Duration;
+
+use tokio::sync::watch;
 
 pub(crate) use self::memory::MemoryBackend;
 pub(crate) use self::redis::RedisBackend;
@@ -70,11 +73,22 @@ impl Backend {
         }
     }
 
-    /// Sleeps until the lock may have been released, or for `at_most`.
-    pub(crate) async fn wait_for_release(&self, name: &LockName, at_most: Duration) {
+    /// Listens for releases of `name`: the counter goes up with each one. Every
+    /// subscription is ended with one `unsubscribe`.
+    pub(crate) async fn subscribe(
+        &self,
+        name: &LockName,
+    ) -> Result<watch::Receiver<u64>, LockError> {
         match self {
-            Backend::Redis(_) => tokio::time::sleep(at_most).await,
-            Backend::Memory(memory) => memory.wait_for_release(name, at_most).await,
+            Backend::Redis(redis) => redis.subscribe(name).await,
+            Backend::Memory(memory) => Ok(memory.subscribe(name)),
+        }
+    }
+
+    pub(crate) fn unsubscribe(&self, name: &LockName) {
+        match self {
+            Backend::Redis(redis) => redis.unsubscribe(name),
+            Backend::Memory(memory) => memory.unsubscribe(name),
         }
     }
 }

@@ -1,0 +1,150 @@
+//! Waiting without polling: a release wakes the waiter, one client's tasks queue
+//! locally in order, and a lost notification costs at most one pause.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockOptions};
+use lock_tests::RedisServer;
+use tokio::time::Instant;
+
+fn patient(retry_wait: Duration) -> LockOptions {
+    LockOptions::new()
+        .retry_wait(retry_wait)
+        .timeout(Duration::from_secs(20))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiter_long_before_its_pause_ends() {
+    let redis = RedisServer::start();
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let waiter = LockClient::connect(&redis.url()).await.unwrap();
+    let guard = holder
+        .acquire("seat-12", &LockOptions::new())
+        .await
+        .unwrap();
+    let retry_wait = Duration::from_secs(5);
+    let waiting =
+        tokio::spawn(async move { waiter.acquire("seat-12", &patient(retry_wait)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let handed_to = waiting.await.unwrap().expect("the waiter gets the lock");
+    let handed_over = released_at.elapsed();
+    assert!(handed_to.is_held());
+    assert!(
+        handed_over < retry_wait / 10,
+        "the waiter polled instead of being woken: {handed_over:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_one_client_queue_locally_in_order() {
+    let redis = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let first = client
+        .acquire("printer", &LockOptions::new())
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for task in 0..10 {
+        let (client, order) = (client.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = client
+                .acquire("printer", &patient(Duration::from_millis(50)))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(task);
+            guard.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let trips_before = redis.calls("evalsha");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        redis.calls("evalsha"),
+        trips_before,
+        "queued tasks asked Redis while the lock was held"
+    );
+    first.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        (0..10).collect::<Vec<_>>(),
+        "first come, first served"
+    );
+    // The first release, then one acquire and one release per queued task.
+    assert_eq!(redis.calls("evalsha") - trips_before, 1 + 2 * 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_notification_costs_at_most_one_pause() {
+    let redis = RedisServer::start();
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let waiter = LockClient::connect(&redis.url()).await.unwrap();
+    let guard = holder
+        .acquire("locker-7", &LockOptions::new())
+        .await
+        .unwrap();
+    let retry_wait = Duration::from_millis(400);
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire("locker-7", &patient(retry_wait))
+            .await
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        redis.calls("subscribe"),
+        1,
+        "the waiter listens for the release"
+    );
+
+    let _killed: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "pubsub"])
+        .query(&mut redis.connection())
+        .unwrap();
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    waiting.await.unwrap();
+    let handed_over = released_at.elapsed();
+    assert!(
+        handed_over <= retry_wait + Duration::from_millis(200),
+        "took {handed_over:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_sees_one_waiter_per_client() {
+    let redis = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    const TASKS: u64 = 16;
+    const SECTIONS: u64 = 20;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for _ in 0..SECTIONS {
+                    let guard = client
+                        .acquire("hot", &patient(Duration::from_millis(50)))
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let sections = TASKS * SECTIONS;
+    assert_eq!(
+        redis.calls("evalsha"),
+        2 * sections,
+        "one acquire and one release per section"
+    );
+}
