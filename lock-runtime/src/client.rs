@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Attempt, Backend, MemoryBackend, RedisBackend};
+use crate::backend::{Attempt, Backend, MemoryStore, RedisNode, Redlock, Signals, Store};
 use crate::guard::{Hold, LockGuard};
 use crate::key::LockName;
 use crate::options::Plan;
@@ -86,14 +86,53 @@ impl LockClient {
 
     /// Like [`connect`](Self::connect), with explicit time bounds.
     pub async fn connect_with(url: &str, config: ClientConfig) -> Result<LockClient, LockError> {
-        let backend = RedisBackend::connect(url, &config).await?;
-        Ok(Self::with_backend(Backend::Redis(backend)))
+        let signals = Arc::new(Signals::default());
+        let node = RedisNode::connect(url, &config, signals.clone()).await?;
+        Ok(Self::with_backend(Backend::new(
+            Store::Redis(node),
+            signals,
+        )))
     }
 
     /// Locks kept in this process's memory, with the same semantics as Redis. For
     /// tests and single-process demos: other processes do not see these locks.
     pub fn memory() -> LockClient {
-        Self::with_backend(Backend::Memory(MemoryBackend::default()))
+        let signals = Arc::new(Signals::default());
+        let store = MemoryStore::new(signals.clone());
+        Self::with_backend(Backend::new(Store::Memory(store), signals))
+    }
+
+    /// The Redlock algorithm over independent Redis masters (use an odd number, 3 or
+    /// more): a lock is held when a majority of them grant it, so it survives the
+    /// loss of a minority. Each node call gives up after 200 ms; a node unreachable
+    /// at start-up is retried on use, but a majority must answer now.
+    pub async fn redlock<I>(urls: I) -> Result<LockClient, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let config = ClientConfig::new()
+            .command_timeout(Duration::from_millis(200))
+            .connect_timeout(Duration::from_millis(500));
+        Self::redlock_with(urls, config).await
+    }
+
+    /// Like [`redlock`](Self::redlock), with explicit time bounds for each node.
+    pub async fn redlock_with<I>(urls: I, config: ClientConfig) -> Result<LockClient, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let urls = urls
+            .into_iter()
+            .map(|url| url.as_ref().to_owned())
+            .collect();
+        let signals = Arc::new(Signals::default());
+        let redlock = Redlock::connect(urls, &config, signals.clone()).await?;
+        Ok(Self::with_backend(Backend::new(
+            Store::Redlock(redlock),
+            signals,
+        )))
     }
 
     fn with_backend(backend: Backend) -> LockClient {
@@ -167,11 +206,11 @@ impl LockClient {
                 .backend
                 .acquire(&name, &owner, plan.lease, plan.fencing)
                 .await?;
-            let expires_in = match attempt {
+            let retry_in = match attempt {
                 Attempt::Granted { fence } => {
                     return Ok(self.hold(name, owner, plan, fence, sent_at, turn));
                 }
-                Attempt::Busy { expires_in } => expires_in,
+                Attempt::Busy { retry_in, .. } => retry_in,
             };
             if !plan.spin {
                 return Err(LockError::Busy { key: name.key });
@@ -185,8 +224,8 @@ impl LockClient {
                 releases = turn.releases().await;
             }
             let mut pause = plan.retry_wait;
-            if let Some(expires_in) = expires_in {
-                pause = pause.min(expires_in);
+            if let Some(retry_in) = retry_in {
+                pause = pause.min(retry_in);
             }
             if let Some(deadline) = deadline {
                 pause = pause.min(deadline.saturating_duration_since(Instant::now()));
@@ -281,12 +320,8 @@ impl LockClient {
 
 impl fmt::Debug for LockClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let backend = match self.shared.backend {
-            Backend::Redis(_) => "redis",
-            Backend::Memory(_) => "memory",
-        };
         f.debug_struct("LockClient")
-            .field("backend", &backend)
+            .field("backend", &self.shared.backend.kind())
             .field("id", &self.shared.id)
             .finish()
     }

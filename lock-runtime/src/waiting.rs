@@ -117,8 +117,10 @@ impl Drop for Turn {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
-            if subscribed.is_some() {
-                self.client.backend().unsubscribe(&self.name);
+            // Outside a runtime the client is going away with it, and the channel too.
+            if let (Some(_), Ok(runtime)) = (subscribed, tokio::runtime::Handle::try_current()) {
+                let (client, name) = (self.client.clone(), self.name.clone());
+                runtime.spawn(async move { client.backend().unsubscribe(&name).await });
             }
         }
     }

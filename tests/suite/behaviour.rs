@@ -1,5 +1,5 @@
-//! What every backend must do, run against real Redis and against the memory backend.
-//! Different owners are different tasks, which works the same on both.
+//! What every backend must do, run against one Redis, Redlock over five, and the
+//! memory backend. Different owners are different tasks, which works the same on all.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,30 +10,58 @@ use lock_tests::RedisServer;
 use redis::AsyncCommands;
 use tokio::time::Instant;
 
-/// A client under test, and a Redis of its own for shared data and for counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Topology {
+    Redis,
+    Redlock,
+    Memory,
+}
+
+/// A client under test, and the Redis servers behind it. The first server also
+/// holds the tests' shared data, and its call counts stand for every node's.
 pub(crate) struct Fixture {
     pub(crate) client: LockClient,
     pub(crate) redis: RedisServer,
-    pub(crate) on_redis: bool,
+    pub(crate) more_nodes: Vec<RedisServer>,
+    pub(crate) topology: Topology,
 }
 
 impl Fixture {
-    pub(crate) async fn redis() -> Fixture {
+    pub(crate) async fn new(topology: Topology) -> Fixture {
         let redis = RedisServer::start();
-        let client = LockClient::connect(&redis.url()).await.expect("connect");
-        Fixture {
-            client,
+        let more_nodes = match topology {
+            Topology::Redlock => (1..5).map(|_| RedisServer::start()).collect(),
+            Topology::Redis | Topology::Memory => Vec::new(),
+        };
+        let mut fixture = Fixture {
+            client: LockClient::memory(),
             redis,
-            on_redis: true,
+            more_nodes,
+            topology,
+        };
+        fixture.client = fixture.connect().await;
+        fixture
+    }
+
+    /// A client of the store under test: of its own on Redis and Redlock, as another
+    /// process would have; a clone on the memory backend, whose store is the client's.
+    pub(crate) async fn connect(&self) -> LockClient {
+        match self.topology {
+            Topology::Redis => LockClient::connect(&self.redis.url())
+                .await
+                .expect("connect"),
+            Topology::Redlock => {
+                let nodes = std::iter::once(&self.redis).chain(&self.more_nodes);
+                LockClient::redlock(nodes.map(RedisServer::url))
+                    .await
+                    .expect("connect")
+            }
+            Topology::Memory => self.client.clone(),
         }
     }
 
-    pub(crate) async fn memory() -> Fixture {
-        Fixture {
-            client: LockClient::memory(),
-            redis: RedisServer::start(),
-            on_redis: false,
-        }
+    fn counts_round_trips(&self) -> bool {
+        self.topology != Topology::Memory
     }
 
     pub(crate) async fn data(&self) -> redis::aio::MultiplexedConnection {
@@ -44,26 +72,14 @@ impl Fixture {
             .expect("connect for data")
     }
 
-    /// Acquire attempts the server has seen (each is one `EVALSHA`).
+    /// Calls to the lock scripts the first server has seen (each is one `EVALSHA`).
     fn round_trips(&self) -> u64 {
         self.redis.calls("evalsha")
     }
 
-    /// Another client of the same store: a client of its own on Redis, as another
-    /// process would have; a clone on the memory backend, whose store is the client's.
-    async fn peer(&self) -> LockClient {
-        if self.on_redis {
-            LockClient::connect(&self.redis.url())
-                .await
-                .expect("connect")
-        } else {
-            self.client.clone()
-        }
-    }
-
     /// Takes `key` in a task of its own, so that the holder is another owner.
     async fn hold_elsewhere(&self, key: &str, options: LockOptions) -> LockGuard {
-        let client = self.peer().await;
+        let client = self.connect().await;
         let key = key.to_owned();
         tokio::spawn(async move { client.acquire(&key, &options).await })
             .await
@@ -101,22 +117,20 @@ impl Fixture {
     }
 }
 
-/// Runs each listed behaviour once on Redis and once on the memory backend.
+/// Runs each listed behaviour on every topology.
 macro_rules! on_every_backend {
     ($($behaviour:ident),* $(,)?) => {
-        mod on_redis {
+        on_every_backend!(@on on_redis Redis $($behaviour),*);
+        on_every_backend!(@on on_redlock Redlock $($behaviour),*);
+        on_every_backend!(@on on_memory Memory $($behaviour),*);
+    };
+    (@on $module:ident $topology:ident $($behaviour:ident),*) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $behaviour() {
-                    super::$behaviour(super::Fixture::redis().await).await;
-                }
-            )*
-        }
-        mod on_memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $behaviour() {
-                    super::$behaviour(super::Fixture::memory().await).await;
+                    let fixture = super::Fixture::new(super::Topology::$topology).await;
+                    super::$behaviour(fixture).await;
                 }
             )*
         }
@@ -241,7 +255,7 @@ async fn retries_end_in_timeout(fixture: Fixture) {
     match result {
         Err(LockError::Timeout { key, attempts, .. }) => {
             assert_eq!(key, "job");
-            if fixture.on_redis {
+            if fixture.counts_round_trips() {
                 assert_eq!(attempts, 4, "the first attempt and exactly 3 retries");
                 assert_eq!(fixture.round_trips() - trips_before, 4);
             }
@@ -365,7 +379,7 @@ async fn reentry_within_a_task(fixture: Fixture) {
     let trips = fixture.round_trips();
     let inner = fixture.client.acquire("cart", &options).await.unwrap();
     let innermost = fixture.client.acquire("cart", &options).await.unwrap();
-    if fixture.on_redis {
+    if fixture.counts_round_trips() {
         assert_eq!(fixture.round_trips(), trips, "re-entry asks Redis nothing");
     }
     assert_eq!(
@@ -443,7 +457,7 @@ async fn watchdog_keeps_a_long_body_safe(fixture: Fixture) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     guard.release().await.unwrap();
-    if fixture.on_redis {
+    if fixture.counts_round_trips() {
         let calls_after_release = fixture.round_trips();
         tokio::time::sleep(lease).await;
         assert_eq!(

@@ -5,4 +5,5 @@ mod behaviour;
 mod crash;
 mod lease;
 mod outage;
+mod redlock;
 mod waiting;

@@ -1,8 +1,7 @@
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::signals::Signals;
@@ -11,10 +10,9 @@ use crate::key::LockName;
 
 /// Locks in this process's memory, with the same semantics as the Redis scripts:
 /// leases expire, only the owner releases or renews, fencing counters only grow.
-#[derive(Default)]
-pub(crate) struct MemoryBackend {
+pub(crate) struct MemoryStore {
     state: Mutex<State>,
-    releases: Signals,
+    signals: Arc<Signals>,
 }
 
 #[derive(Default)]
@@ -29,7 +27,14 @@ struct Hold {
     expires_at: Instant,
 }
 
-impl MemoryBackend {
+impl MemoryStore {
+    pub(crate) fn new(signals: Arc<Signals>) -> MemoryStore {
+        MemoryStore {
+            state: Mutex::default(),
+            signals,
+        }
+    }
+
     pub(crate) fn acquire(
         &self,
         name: &LockName,
@@ -38,32 +43,27 @@ impl MemoryBackend {
         fencing: bool,
     ) -> Attempt {
         let now = Instant::now();
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut state = self.state();
         let State { locks, fences } = &mut *state;
-        let expires_at = now + lease;
         match locks.get_mut(&name.hash) {
             Some(hold) if hold.expires_at > now && hold.owner != owner => Attempt::Busy {
-                expires_in: Some(hold.expires_at - now),
+                retry_in: Some(hold.expires_at - now),
+                fence: fencing.then(|| fences.get(&name.fence).copied().unwrap_or(0)),
             },
             Some(hold) if hold.expires_at > now => {
                 hold.count += 1;
-                hold.expires_at = expires_at;
+                hold.expires_at = now + lease;
                 Attempt::Granted {
                     fence: fencing.then(|| fences.get(&name.fence).copied().unwrap_or(0)),
                 }
             }
             _ => {
-                locks.insert(
-                    name.hash.clone(),
-                    Hold {
-                        owner: owner.to_owned(),
-                        count: 1,
-                        expires_at,
-                    },
-                );
+                let hold = Hold {
+                    owner: owner.to_owned(),
+                    count: 1,
+                    expires_at: now + lease,
+                };
+                locks.insert(name.hash.clone(), hold);
                 Attempt::Granted {
                     fence: fencing.then(|| {
                         let counter = fences.entry(name.fence.clone()).or_insert(0);
@@ -77,10 +77,7 @@ impl MemoryBackend {
 
     pub(crate) fn release(&self, name: &LockName, owner: &str) -> Release {
         let now = Instant::now();
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut state = self.state();
         let Some(hold) = state.locks.get_mut(&name.hash) else {
             return Release::NotHeld;
         };
@@ -93,17 +90,13 @@ impl MemoryBackend {
         }
         state.locks.remove(&name.hash);
         drop(state);
-        self.releases.notify(&name.channel);
+        self.signals.notify(&name.channel);
         Release::Freed
     }
 
     pub(crate) fn renew(&self, name: &LockName, owner: &str, lease: Duration) -> bool {
         let now = Instant::now();
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match state.locks.get_mut(&name.hash) {
+        match self.state().locks.get_mut(&name.hash) {
             Some(hold) if hold.owner == owner && hold.expires_at > now => {
                 hold.expires_at = now + lease;
                 true
@@ -112,11 +105,9 @@ impl MemoryBackend {
         }
     }
 
-    pub(crate) fn subscribe(&self, name: &LockName) -> watch::Receiver<u64> {
-        self.releases.join(&name.channel).0
-    }
-
-    pub(crate) fn unsubscribe(&self, name: &LockName) {
-        self.releases.leave(&name.channel);
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

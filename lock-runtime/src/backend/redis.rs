@@ -3,8 +3,11 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ErrorKind, ProtocolVersion, PushInfo, PushKind, RedisError, Script, Value};
-use tokio::sync::{Mutex, OnceCell, watch};
+use redis::{
+    Client, ErrorKind, FromRedisValue, ProtocolVersion, PushInfo, PushKind, RedisError, Script,
+    ScriptInvocation, Value,
+};
+use tokio::sync::OnceCell;
 
 use super::signals::Signals;
 use super::{Attempt, Release, lease_ms};
@@ -17,28 +20,27 @@ const RENEW_LUA: &str = include_str!("../scripts/renew.lua");
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+static RAISE_FENCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/raise_fence.lua")));
 
 /// One Redis server over redis-rs' reconnecting connection manager. Every call is one
 /// round trip (`EVALSHA`; the script is loaded again after a restart wipes it).
-pub(crate) struct RedisBackend {
+pub(crate) struct RedisNode {
     client: Client,
     config: ClientConfig,
     connection: ConnectionManager,
-    subscriber: OnceCell<Subscriber>,
-}
-
-/// The client's one pub/sub connection, made when a task first has to wait. A
-/// channel is subscribed while some task of this client waits on it.
-struct Subscriber {
-    connection: ConnectionManager,
+    /// The pub/sub connection, made when a task first has to wait.
+    subscriber: OnceCell<ConnectionManager>,
     signals: Arc<Signals>,
-    /// Subscribing and unsubscribing run one at a time, each with its change to the
-    /// watcher counts, so Redis always ends up subscribed to the watched channels.
-    changes: Arc<Mutex<()>>,
 }
 
-impl RedisBackend {
-    pub(crate) async fn connect(url: &str, config: &ClientConfig) -> Result<Self, LockError> {
+impl RedisNode {
+    /// Connects now, failing within the connect timeout when Redis is unreachable.
+    pub(crate) async fn connect(
+        url: &str,
+        config: &ClientConfig,
+        signals: Arc<Signals>,
+    ) -> Result<Self, LockError> {
         let unreachable = |source| LockError::Backend { key: None, source };
         let client = Client::open(url).map_err(unreachable)?;
         let connecting = ConnectionManager::new_with_config(client.clone(), manager_config(config));
@@ -54,53 +56,36 @@ impl RedisBackend {
             bounded(config.command_timeout, load.query_async(&mut connection))
                 .await
                 .map_err(unreachable)?;
-        Ok(RedisBackend {
+        Ok(Self::with_connection(client, connection, config, signals))
+    }
+
+    /// Connects on first use: for a Redlock node that may be down at start-up.
+    pub(crate) fn lazy(
+        url: &str,
+        config: &ClientConfig,
+        signals: Arc<Signals>,
+    ) -> Result<Self, LockError> {
+        let unreachable = |source| LockError::Backend { key: None, source };
+        let client = Client::open(url).map_err(unreachable)?;
+        let connection =
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))
+                .map_err(unreachable)?;
+        Ok(Self::with_connection(client, connection, config, signals))
+    }
+
+    fn with_connection(
+        client: Client,
+        connection: ConnectionManager,
+        config: &ClientConfig,
+        signals: Arc<Signals>,
+    ) -> Self {
+        RedisNode {
             client,
             config: config.clone(),
             connection,
             subscriber: OnceCell::new(),
-        })
-    }
-
-    pub(crate) async fn subscribe(
-        &self,
-        name: &LockName,
-    ) -> Result<watch::Receiver<u64>, LockError> {
-        let subscriber = self
-            .subscriber
-            .get_or_try_init(|| Subscriber::connect(&self.client, &self.config))
-            .await
-            .map_err(|source| LockError::backend(&name.key, source))?;
-        let _changing = subscriber.changes.lock().await;
-        let (releases, first) = subscriber.signals.join(&name.channel);
-        if first {
-            let mut connection = subscriber.connection.clone();
-            let subscribed = self.run(name, connection.subscribe(&name.channel)).await;
-            if let Err(error) = subscribed {
-                subscriber.signals.leave(&name.channel);
-                return Err(error);
-            }
+            signals,
         }
-        Ok(releases)
-    }
-
-    pub(crate) fn unsubscribe(&self, name: &LockName) {
-        let Some(subscriber) = self.subscriber.get() else {
-            return;
-        };
-        let (signals, changes) = (subscriber.signals.clone(), subscriber.changes.clone());
-        let mut connection = subscriber.connection.clone();
-        let (channel, limit) = (name.channel.clone(), self.config.command_timeout);
-        // Outside a runtime the connection is going away with it, and the channel too.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            let _changing = changes.lock().await;
-            if signals.leave(&channel) {
-                let _ = bounded(limit, connection.unsubscribe(&channel)).await;
-            }
-        });
     }
 
     pub(crate) async fn acquire(
@@ -117,27 +102,42 @@ impl RedisBackend {
             .arg(lease_ms(lease))
             .arg(if fencing { "1" } else { "0" });
         let mut connection = self.connection.clone();
-        let (granted, value): (i64, i64) = self
+        let reply: Vec<i64> = self
             .run(name, invocation.invoke_async(&mut connection))
             .await?;
-        Ok(if granted == 1 {
-            Attempt::Granted {
-                fence: fencing.then_some(value as u64),
-            }
-        } else {
-            Attempt::Busy {
-                expires_in: u64::try_from(value).ok().map(Duration::from_millis),
+        Ok(match reply[..] {
+            [1, token, ..] => Attempt::Granted {
+                fence: fencing.then_some(token as u64),
+            },
+            [_, pttl, counter, ..] => Attempt::Busy {
+                retry_in: u64::try_from(pttl).ok().map(Duration::from_millis),
+                fence: fencing.then_some(counter as u64),
+            },
+            _ => {
+                let detail = format!("{reply:?}");
+                let error = RedisError::from((
+                    ErrorKind::Parse,
+                    "unexpected reply from the acquire script",
+                    detail,
+                ));
+                return Err(LockError::backend(&name.key, error));
             }
         })
     }
 
-    pub(crate) async fn release(&self, name: &LockName, owner: &str) -> Result<Release, LockError> {
+    /// `notify` publishes the release to waiters when it frees the lock.
+    pub(crate) async fn release(
+        &self,
+        name: &LockName,
+        owner: &str,
+        notify: bool,
+    ) -> Result<Release, LockError> {
         let mut invocation = RELEASE.key(&name.hash);
-        invocation.key(&name.channel).arg(owner).arg("PUBLISH");
-        let mut connection = self.connection.clone();
-        let left: i64 = self
-            .run(name, invocation.invoke_async(&mut connection))
-            .await?;
+        invocation
+            .key(&name.channel)
+            .arg(owner)
+            .arg(if notify { "PUBLISH" } else { "" });
+        let left: i64 = self.invoke_idempotent(name, &invocation).await?;
         Ok(match left {
             0 => Release::Freed,
             n if n > 0 => Release::StillHeld,
@@ -153,11 +153,54 @@ impl RedisBackend {
     ) -> Result<bool, LockError> {
         let mut invocation = RENEW.key(&name.hash);
         invocation.arg(owner).arg(lease_ms(lease));
-        let mut connection = self.connection.clone();
-        let renewed: i64 = self
-            .run(name, invocation.invoke_async(&mut connection))
-            .await?;
+        let renewed: i64 = self.invoke_idempotent(name, &invocation).await?;
         Ok(renewed == 1)
+    }
+
+    /// Raises the lock's fencing counter to at least `floor`.
+    pub(crate) async fn raise_fence(&self, name: &LockName, floor: u64) -> Result<(), LockError> {
+        let mut invocation = RAISE_FENCE.key(&name.fence);
+        invocation.arg(floor);
+        let _raised: i64 = self.invoke_idempotent(name, &invocation).await?;
+        Ok(())
+    }
+
+    pub(crate) async fn listen(&self, name: &LockName) -> Result<(), LockError> {
+        let subscriber = self
+            .subscriber
+            .get_or_try_init(|| {
+                subscribe_connection(&self.client, &self.config, self.signals.clone())
+            })
+            .await
+            .map_err(|source| LockError::backend(&name.key, source))?;
+        let mut subscriber = subscriber.clone();
+        self.run(name, subscriber.subscribe(&name.channel)).await
+    }
+
+    pub(crate) async fn unlisten(&self, name: &LockName) {
+        if let Some(subscriber) = self.subscriber.get() {
+            let mut subscriber = subscriber.clone();
+            let _ = self.run(name, subscriber.unsubscribe(&name.channel)).await;
+        }
+    }
+
+    /// For scripts that may safely run twice: a connection found dropped (Redis
+    /// restarted, say) is retried once on the reconnected one.
+    async fn invoke_idempotent<T: FromRedisValue>(
+        &self,
+        name: &LockName,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        let limit = self.config.command_timeout;
+        let mut connection = self.connection.clone();
+        match bounded(limit, invocation.invoke_async(&mut connection)).await {
+            Err(error) if error.is_connection_dropped() => {
+                let mut connection = self.connection.clone();
+                bounded(limit, invocation.invoke_async(&mut connection)).await
+            }
+            answer => answer,
+        }
+        .map_err(|source| LockError::backend(&name.key, source))
     }
 
     async fn run<T>(
@@ -171,35 +214,30 @@ impl RedisBackend {
     }
 }
 
-impl Subscriber {
-    async fn connect(client: &Client, config: &ClientConfig) -> redis::RedisResult<Subscriber> {
-        let info = client.get_connection_info().clone();
-        let resp3 = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let client = Client::open(info.set_redis_settings(resp3))?;
-        let signals = Arc::new(Signals::default());
-        let pushes = signals.clone();
-        let config = manager_config(config)
-            .set_push_sender(move |push: PushInfo| {
-                on_push(&pushes, push);
-                Ok::<(), redis::aio::SendError>(())
-            })
-            .set_automatic_resubscription();
-        let connection = bounded(
-            config
-                .connection_timeout()
-                .unwrap_or(Duration::from_secs(2)),
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await?;
-        Ok(Subscriber {
-            connection,
-            signals,
-            changes: Arc::default(),
+/// The node's one pub/sub connection (RESP3, so pushes arrive beside replies),
+/// resubscribing after a reconnect.
+async fn subscribe_connection(
+    client: &Client,
+    config: &ClientConfig,
+    signals: Arc<Signals>,
+) -> redis::RedisResult<ConnectionManager> {
+    let info = client.get_connection_info().clone();
+    let resp3 = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let client = Client::open(info.set_redis_settings(resp3))?;
+    let manager_config = manager_config(config)
+        .set_push_sender(move |push: PushInfo| {
+            on_push(&signals, push);
+            Ok::<(), redis::aio::SendError>(())
         })
-    }
+        .set_automatic_resubscription();
+    bounded(
+        config.connect_timeout,
+        ConnectionManager::new_with_config(client, manager_config),
+    )
+    .await
 }
 
 /// A release message wakes that lock's waiters. A dropped connection may have lost

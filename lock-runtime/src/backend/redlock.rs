@@ -1,0 +1,283 @@
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+use super::signals::Signals;
+use super::{Attempt, RedisNode, Release};
+use crate::key::LockName;
+use crate::{ClientConfig, LockError};
+
+/// The Redlock algorithm over independent Redis masters: the same scripts run on
+/// every node at once, and a lock is held when a majority grants it.
+///
+/// The client counts the lease's validity from before the first request, less the
+/// clock-drift allowance, so the time spent asking the nodes is already taken off.
+pub(crate) struct Redlock {
+    nodes: Vec<Arc<RedisNode>>,
+}
+
+/// How one node answered.
+type Answer<T> = Result<T, LockError>;
+
+impl Redlock {
+    /// Connects to every node; those unreachable now are retried on use. Fails unless
+    /// a majority answers.
+    pub(crate) async fn connect(
+        urls: Vec<String>,
+        config: &ClientConfig,
+        signals: Arc<Signals>,
+    ) -> Result<Redlock, LockError> {
+        if urls.is_empty() {
+            return Err(LockError::InvalidOptions {
+                key: String::new(),
+                reason: "Redlock needs at least one Redis URL, and an odd number of 3 or more to survive failures".to_owned(),
+            });
+        }
+        let mut connecting = JoinSet::new();
+        for (index, url) in urls.iter().enumerate() {
+            let (url, config, signals) = (url.clone(), config.clone(), signals.clone());
+            connecting
+                .spawn(async move { (index, RedisNode::connect(&url, &config, signals).await) });
+        }
+        let mut nodes: Vec<Option<Arc<RedisNode>>> = urls.iter().map(|_| None).collect();
+        let mut last_error = None;
+        while let Some(joined) = connecting.join_next().await {
+            let (index, connected) = joined.expect("connecting never panics");
+            match connected {
+                Ok(node) => nodes[index] = Some(Arc::new(node)),
+                Err(error) => last_error = Some(error),
+            }
+        }
+        let reachable = nodes.iter().flatten().count();
+        if reachable < quorum(urls.len()) {
+            return Err(last_error.expect("some node failed"));
+        }
+        let mut all = Vec::with_capacity(urls.len());
+        for (node, url) in nodes.into_iter().zip(&urls) {
+            all.push(match node {
+                Some(node) => node,
+                None => Arc::new(RedisNode::lazy(url, config, signals.clone())?),
+            });
+        }
+        Ok(Redlock { nodes: all })
+    }
+
+    fn quorum(&self) -> usize {
+        quorum(self.nodes.len())
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        name: &LockName,
+        owner: &str,
+        lease: Duration,
+        fencing: bool,
+    ) -> Result<Attempt, LockError> {
+        let answers = self
+            .on_every_node(name, owner, move |node, name, owner| async move {
+                node.acquire(&name, &owner, lease, fencing).await
+            })
+            .await;
+        let granted = answers
+            .iter()
+            .filter(|answer| matches!(answer, Ok(Attempt::Granted { .. })))
+            .count();
+        let busy_for: Vec<Duration> = answers
+            .iter()
+            .filter_map(|answer| match answer {
+                Ok(Attempt::Busy { retry_in, .. }) => Some(retry_in.unwrap_or(Duration::ZERO)),
+                _ => None,
+            })
+            .collect();
+        if granted >= self.quorum() {
+            let fence = match fencing {
+                true => Some(self.settle_fence(name, &answers).await),
+                false => None,
+            };
+            return Ok(Attempt::Granted { fence });
+        }
+        if granted > 0 {
+            self.undo(name, owner).await;
+        }
+        if granted + busy_for.len() < self.quorum() {
+            return Err(LockError::Quorum {
+                key: name.key.clone(),
+                granted,
+                needed: self.quorum(),
+            });
+        }
+        // Held for another owner: look again when the soonest of its leases ends. A
+        // split vote: after a random pause, so the contenders stop colliding.
+        let retry_in = match busy_for.iter().min() {
+            Some(soonest) if busy_for.len() >= self.quorum() => *soonest,
+            _ => random_pause(),
+        };
+        Ok(Attempt::Busy {
+            retry_in: Some(retry_in),
+            fence: None,
+        })
+    }
+
+    /// The token is one more than the largest counter any node reported, granting
+    /// or not (a granting node's counter is already its new token), written back to
+    /// the nodes behind. So the token exceeds every earlier one as long as one node
+    /// that saw the earlier token keeps its data and answers.
+    async fn settle_fence(&self, name: &LockName, answers: &[Answer<Attempt>]) -> u64 {
+        let last_issued: Vec<Option<u64>> = answers
+            .iter()
+            .map(|answer| match answer {
+                Ok(Attempt::Granted { fence }) | Ok(Attempt::Busy { fence, .. }) => *fence,
+                Err(_) => None,
+            })
+            .collect();
+        let token = answers
+            .iter()
+            .filter_map(|answer| match answer {
+                Ok(Attempt::Granted { fence }) => *fence,
+                Ok(Attempt::Busy { fence, .. }) => fence.map(|counter| counter + 1),
+                Err(_) => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let mut raising = JoinSet::new();
+        for (node, last) in self.nodes.iter().zip(last_issued) {
+            if last.is_some_and(|last| last < token) {
+                let (node, name) = (node.clone(), name.clone());
+                raising.spawn(async move { node.raise_fence(&name, token).await });
+            }
+        }
+        while raising.join_next().await.is_some() {}
+        token
+    }
+
+    /// Releases whatever part of a failed acquisition was granted, quietly: no waiter
+    /// should rush in for a lock that was never held.
+    async fn undo(&self, name: &LockName, owner: &str) {
+        let _ = self
+            .on_every_node(name, owner, |node, name, owner| async move {
+                node.release(&name, &owner, false).await
+            })
+            .await;
+    }
+
+    pub(crate) async fn release(
+        &self,
+        name: &LockName,
+        owner: &str,
+        notify: bool,
+    ) -> Result<Release, LockError> {
+        let answers = self
+            .on_every_node(name, owner, move |node, name, owner| async move {
+                node.release(&name, &owner, notify).await
+            })
+            .await;
+        let freed = answers
+            .iter()
+            .any(|answer| matches!(answer, Ok(Release::Freed | Release::StillHeld)));
+        if freed {
+            return Ok(Release::Freed);
+        }
+        match answers.into_iter().find_map(Result::err) {
+            Some(error) => Err(error),
+            None => Ok(Release::NotHeld),
+        }
+    }
+
+    /// Renewed when a majority renews. Lost when so many refuse that no majority can
+    /// renew; otherwise the failures are errors, retried while the lease lasts.
+    pub(crate) async fn renew(
+        &self,
+        name: &LockName,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, LockError> {
+        let answers = self
+            .on_every_node(name, owner, move |node, name, owner| async move {
+                node.renew(&name, &owner, lease).await
+            })
+            .await;
+        let renewed = answers
+            .iter()
+            .filter(|answer| matches!(answer, Ok(true)))
+            .count();
+        let refused = answers
+            .iter()
+            .filter(|answer| matches!(answer, Ok(false)))
+            .count();
+        if renewed >= self.quorum() {
+            Ok(true)
+        } else if refused > self.nodes.len() - self.quorum() {
+            Ok(false)
+        } else {
+            Err(LockError::Quorum {
+                key: name.key.clone(),
+                granted: renewed,
+                needed: self.quorum(),
+            })
+        }
+    }
+
+    /// Listens on every node that answers; releases are published on each.
+    pub(crate) async fn listen(&self, name: &LockName) -> Result<(), LockError> {
+        let answers = self
+            .on_every_node(
+                name,
+                "",
+                |node, name, _| async move { node.listen(&name).await },
+            )
+            .await;
+        let mut errors = answers.into_iter().filter_map(Result::err);
+        match errors.next() {
+            Some(error) if errors.count() + 1 == self.nodes.len() => Err(error),
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) async fn unlisten(&self, name: &LockName) {
+        let _ = self
+            .on_every_node(name, "", |node, name, _| async move {
+                node.unlisten(&name).await;
+                Ok(())
+            })
+            .await;
+    }
+
+    /// Runs `call` on every node at once; the answers come in node order. Each node
+    /// call is bounded by the client's command timeout.
+    async fn on_every_node<T, F>(
+        &self,
+        name: &LockName,
+        owner: &str,
+        call: impl Fn(Arc<RedisNode>, LockName, String) -> F,
+    ) -> Vec<Answer<T>>
+    where
+        F: Future<Output = Answer<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let mut calls = JoinSet::new();
+        for (index, node) in self.nodes.iter().enumerate() {
+            let call = call(node.clone(), name.clone(), owner.to_owned());
+            calls.spawn(async move { (index, call.await) });
+        }
+        let mut answers: Vec<Option<Answer<T>>> = self.nodes.iter().map(|_| None).collect();
+        while let Some(joined) = calls.join_next().await {
+            let (index, answer) = joined.expect("node calls never panic");
+            answers[index] = Some(answer);
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.expect("every node answered"))
+            .collect()
+    }
+}
+
+fn quorum(nodes: usize) -> usize {
+    nodes / 2 + 1
+}
+
+/// Up to 50 ms, from the standard library's per-process random hash keys.
+fn random_pause() -> Duration {
+    Duration::from_millis(RandomState::new().hash_one(std::time::Instant::now()) % 50)
+}
