@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Attempt, Backend, MemoryStore, RedisNode, Redlock, Signals, Store};
+use crate::backend::{Attempt, Backend, MemoryStore, RedisNode, Redlock, Signals, Store, Target};
 use crate::guard::{Hold, LockGuard};
 use crate::key::LockName;
 use crate::options::Plan;
@@ -86,8 +86,46 @@ impl LockClient {
 
     /// Like [`connect`](Self::connect), with explicit time bounds.
     pub async fn connect_with(url: &str, config: ClientConfig) -> Result<LockClient, LockError> {
+        let target =
+            Target::server(url).map_err(|source| LockError::Backend { key: None, source })?;
+        Self::connect_to(target, config).await
+    }
+
+    /// A Redis Cluster, from the URLs of some of its nodes. Each lock's keys share
+    /// one hash slot; releases are published per shard (`SPUBLISH`, Redis 7 or
+    /// later). Redirections during resharding are followed.
+    pub async fn cluster<I>(urls: I) -> Result<LockClient, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let urls = urls
+            .into_iter()
+            .map(|url| url.as_ref().to_owned())
+            .collect();
+        Self::connect_to(Target::cluster(urls), ClientConfig::default()).await
+    }
+
+    /// The primary that the Sentinels at `sentinel_urls` name for `primary_name`,
+    /// followed through failovers. A lock taken on a primary that fails before
+    /// replicating it is lost with it: the watchdog reports the loss.
+    pub async fn sentinel<I>(sentinel_urls: I, primary_name: &str) -> Result<LockClient, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let urls = sentinel_urls
+            .into_iter()
+            .map(|url| url.as_ref().to_owned())
+            .collect();
+        let target = Target::sentinel(urls, primary_name)
+            .map_err(|source| LockError::Backend { key: None, source })?;
+        Self::connect_to(target, ClientConfig::default()).await
+    }
+
+    async fn connect_to(target: Target, config: ClientConfig) -> Result<LockClient, LockError> {
         let signals = Arc::new(Signals::default());
-        let node = RedisNode::connect(url, &config, signals.clone()).await?;
+        let node = RedisNode::connect(target, &config, signals.clone()).await?;
         Ok(Self::with_backend(Backend::new(
             Store::Redis(node),
             signals,

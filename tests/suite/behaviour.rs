@@ -1,12 +1,13 @@
-//! What every backend must do, run against one Redis, Redlock over five, and the
-//! memory backend. Different owners are different tasks, which works the same on all.
+//! What every topology must do: one Redis, Redlock over five masters, a Cluster,
+//! a Sentinel-watched primary, and the memory backend. Different owners are
+//! different tasks, which works the same on all.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockGuard, LockOptions};
-use lock_tests::RedisServer;
+use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
 use redis::AsyncCommands;
 use tokio::time::Instant;
 
@@ -14,54 +15,82 @@ use tokio::time::Instant;
 pub(crate) enum Topology {
     Redis,
     Redlock,
+    Cluster,
+    Sentinel,
     Memory,
 }
 
-/// A client under test, and the Redis servers behind it. The first server also
-/// holds the tests' shared data, and its call counts stand for every node's.
+/// A client under test and the servers behind it. `redis` holds the tests' shared
+/// data; on one Redis and on Redlock (as the first master) it holds locks too.
 pub(crate) struct Fixture {
     pub(crate) client: LockClient,
     pub(crate) redis: RedisServer,
-    pub(crate) more_nodes: Vec<RedisServer>,
     pub(crate) topology: Topology,
+    servers: Servers,
+}
+
+enum Servers {
+    None,
+    MoreMasters(Vec<RedisServer>),
+    Cluster(RedisCluster),
+    Sentinel(SentinelGroup),
 }
 
 impl Fixture {
     pub(crate) async fn new(topology: Topology) -> Fixture {
-        let redis = RedisServer::start();
-        let more_nodes = match topology {
-            Topology::Redlock => (1..5).map(|_| RedisServer::start()).collect(),
-            Topology::Redis | Topology::Memory => Vec::new(),
+        let servers = match topology {
+            Topology::Redis | Topology::Memory => Servers::None,
+            Topology::Redlock => {
+                Servers::MoreMasters((1..5).map(|_| RedisServer::start()).collect())
+            }
+            Topology::Cluster => Servers::Cluster(RedisCluster::start()),
+            Topology::Sentinel => Servers::Sentinel(SentinelGroup::start(Duration::from_secs(1))),
         };
         let mut fixture = Fixture {
             client: LockClient::memory(),
-            redis,
-            more_nodes,
+            redis: RedisServer::start(),
             topology,
+            servers,
         };
         fixture.client = fixture.connect().await;
         fixture
     }
 
-    /// A client of the store under test: of its own on Redis and Redlock, as another
-    /// process would have; a clone on the memory backend, whose store is the client's.
+    /// A client of the store under test: of its own where the store is Redis, as
+    /// another process would have; a clone on the memory backend, whose store is
+    /// the client's.
     pub(crate) async fn connect(&self) -> LockClient {
-        match self.topology {
-            Topology::Redis => LockClient::connect(&self.redis.url())
-                .await
-                .expect("connect"),
-            Topology::Redlock => {
-                let nodes = std::iter::once(&self.redis).chain(&self.more_nodes);
-                LockClient::redlock(nodes.map(RedisServer::url))
-                    .await
-                    .expect("connect")
+        let connected = match &self.servers {
+            Servers::None if self.topology == Topology::Memory => return self.client.clone(),
+            Servers::None => LockClient::connect(&self.redis.url()).await,
+            Servers::MoreMasters(more) => {
+                let masters = std::iter::once(&self.redis).chain(more);
+                LockClient::redlock(masters.map(RedisServer::url)).await
             }
-            Topology::Memory => self.client.clone(),
-        }
+            Servers::Cluster(cluster) => LockClient::cluster(cluster.urls()).await,
+            Servers::Sentinel(group) => {
+                LockClient::sentinel(group.sentinel_urls(), group.name).await
+            }
+        };
+        connected.expect("connect")
     }
 
     fn counts_round_trips(&self) -> bool {
         self.topology != Topology::Memory
+    }
+
+    /// Calls to the lock scripts (each one `EVALSHA`) that one lock server saw, the
+    /// first master on Redlock, all of them on a Cluster.
+    fn round_trips(&self) -> u64 {
+        match &self.servers {
+            Servers::None | Servers::MoreMasters(_) => self.redis.calls("evalsha"),
+            Servers::Cluster(cluster) => cluster
+                .servers
+                .iter()
+                .map(|server| server.calls("evalsha"))
+                .sum(),
+            Servers::Sentinel(group) => group.primary.calls("evalsha"),
+        }
     }
 
     pub(crate) async fn data(&self) -> redis::aio::MultiplexedConnection {
@@ -70,11 +99,6 @@ impl Fixture {
             .get_multiplexed_async_connection()
             .await
             .expect("connect for data")
-    }
-
-    /// Calls to the lock scripts the first server has seen (each is one `EVALSHA`).
-    fn round_trips(&self) -> u64 {
-        self.redis.calls("evalsha")
     }
 
     /// Takes `key` in a task of its own, so that the holder is another owner.
@@ -122,6 +146,8 @@ macro_rules! on_every_backend {
     ($($behaviour:ident),* $(,)?) => {
         on_every_backend!(@on on_redis Redis $($behaviour),*);
         on_every_backend!(@on on_redlock Redlock $($behaviour),*);
+        on_every_backend!(@on on_cluster Cluster $($behaviour),*);
+        on_every_backend!(@on on_sentinel Sentinel $($behaviour),*);
         on_every_backend!(@on on_memory Memory $($behaviour),*);
     };
     (@on $module:ident $topology:ident $($behaviour:ident),*) => {

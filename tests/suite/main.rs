@@ -2,8 +2,10 @@
 //! `redis-server`s started by `lock_tests` (and the memory backend where it applies).
 
 mod behaviour;
+mod cluster;
 mod crash;
 mod lease;
 mod outage;
 mod redlock;
+mod sentinel;
 mod waiting;

@@ -1,10 +1,15 @@
-//! Test support on real processes: `redis-server`s on free loopback ports, and a
-//! loopback TCP proxy that can stall or cut a client's connection.
+//! Test support on real processes: `redis-server`s on free loopback ports (alone, as
+//! a Cluster, or watched by Sentinels), and loopback TCP proxies that stall, cut or
+//! count a client's traffic.
 //!
 //! Nothing here talks to a Redis it did not start.
 
+mod cluster;
 mod proxy;
+mod sentinel;
 mod server;
 
+pub use cluster::RedisCluster;
 pub use proxy::TcpProxy;
+pub use sentinel::SentinelGroup;
 pub use server::RedisServer;

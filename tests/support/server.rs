@@ -9,6 +9,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     args: Vec<String>,
+    /// A Sentinel's configuration file, written once: the Sentinel rewrites it.
+    sentinel_config: Option<String>,
     child: Option<Child>,
 }
 
@@ -20,6 +22,22 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (`["--appendonly", "yes"]`).
     pub fn start_with(args: &[&str]) -> RedisServer {
+        Self::start_as(None, args)
+    }
+
+    /// Starts a Sentinel watching the primary `name` at `primary_port`, which it
+    /// declares down after `down_after_ms` without an answer.
+    pub fn start_sentinel(name: &str, primary_port: u16, down_after_ms: u64) -> RedisServer {
+        let config = format!(
+            "sentinel monitor {name} 127.0.0.1 {primary_port} 2\n\
+             sentinel down-after-milliseconds {name} {down_after_ms}\n\
+             sentinel failover-timeout {name} {}\n",
+            down_after_ms * 5
+        );
+        Self::start_as(Some(config), &[])
+    }
+
+    fn start_as(sentinel_config: Option<String>, args: &[&str]) -> RedisServer {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("lock-tests-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the server's folder");
@@ -27,10 +45,33 @@ impl RedisServer {
             port,
             dir,
             args: args.iter().map(|arg| arg.to_string()).collect(),
+            sentinel_config,
             child: None,
         };
         server.restart();
         server
+    }
+
+    /// Freezes the process (`SIGSTOP`): it holds its connections but answers nothing.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen process run again (`SIGCONT`).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("the server runs");
+        let sent = Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status();
+        assert!(
+            sent.is_ok_and(|status| status.success()),
+            "kill {signal} failed"
+        );
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -55,9 +96,24 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.kill();
         let mut command = Command::new("redis-server");
+        if let Some(config) = &self.sentinel_config {
+            let file = self.dir.join("sentinel.conf");
+            if !file.exists() {
+                std::fs::write(&file, config).expect("write sentinel.conf");
+            }
+            command.arg(file).arg("--sentinel");
+        } else {
+            command.args(["--save", "", "--appendonly", "no"]);
+        }
         command
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--protected-mode",
+                "no",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.args)

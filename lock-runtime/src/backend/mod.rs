@@ -2,6 +2,7 @@
 //! data model: one owner per lock with a hold count, a lease, and a fencing counter;
 //! releases are signalled to the waiters of this client.
 
+mod connection;
 mod memory;
 mod redis;
 mod redlock;
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, watch};
 
+pub(crate) use self::connection::Target;
 pub(crate) use self::memory::MemoryStore;
 pub(crate) use self::redis::RedisNode;
 pub(crate) use self::redlock::Redlock;
@@ -68,8 +70,8 @@ impl Backend {
     }
 
     pub(crate) fn kind(&self) -> &'static str {
-        match self.store {
-            Store::Redis(_) => "redis",
+        match &self.store {
+            Store::Redis(node) => node.kind(),
             Store::Memory(_) => "memory",
             Store::Redlock(_) => "redlock",
         }

@@ -2,61 +2,55 @@ use std::future::Future;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{
-    Client, ErrorKind, FromRedisValue, ProtocolVersion, PushInfo, PushKind, RedisError, Script,
-    ScriptInvocation, Value,
-};
+use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation};
 use tokio::sync::OnceCell;
 
+use super::connection::{Connection, Target};
 use super::signals::Signals;
 use super::{Attempt, Release, lease_ms};
 use crate::key::LockName;
 use crate::{ClientConfig, LockError};
 
-const ACQUIRE_LUA: &str = include_str!("../scripts/acquire.lua");
-const RELEASE_LUA: &str = include_str!("../scripts/release.lua");
-const RENEW_LUA: &str = include_str!("../scripts/renew.lua");
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
+static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/raise_fence.lua")));
 
-/// One Redis server over redis-rs' reconnecting connection manager. Every call is one
-/// round trip (`EVALSHA`; the script is loaded again after a restart wipes it).
+/// The Redis that holds the locks (one server, a Cluster, or Sentinel's primary),
+/// reconnecting on its own. Every call is one round trip (`EVALSHA`; a script is
+/// loaded again after a restart wipes it).
 pub(crate) struct RedisNode {
-    client: Client,
+    target: Target,
     config: ClientConfig,
-    connection: ConnectionManager,
+    connection: Connection,
     /// The pub/sub connection, made when a task first has to wait.
-    subscriber: OnceCell<ConnectionManager>,
+    subscriber: OnceCell<Connection>,
     signals: Arc<Signals>,
 }
 
 impl RedisNode {
     /// Connects now, failing within the connect timeout when Redis is unreachable.
     pub(crate) async fn connect(
-        url: &str,
+        target: Target,
         config: &ClientConfig,
         signals: Arc<Signals>,
     ) -> Result<Self, LockError> {
         let unreachable = |source| LockError::Backend { key: None, source };
-        let client = Client::open(url).map_err(unreachable)?;
-        let connecting = ConnectionManager::new_with_config(client.clone(), manager_config(config));
-        let mut connection = bounded(config.connect_timeout, connecting)
+        let mut connection = bounded(config.connect_timeout, target.connect(config))
             .await
             .map_err(unreachable)?;
-        // Loaded up front so that the first lock costs one round trip, not three.
-        let mut load = redis::pipe();
-        for script in [ACQUIRE_LUA, RELEASE_LUA, RENEW_LUA] {
-            load.cmd("SCRIPT").arg("LOAD").arg(script);
-        }
-        let _hashes: Vec<String> =
-            bounded(config.command_timeout, load.query_async(&mut connection))
+        // Loaded up front (on every primary of a Cluster) so that the first lock costs
+        // one round trip, not three.
+        for script in [&*ACQUIRE, &*RELEASE, &*RENEW] {
+            bounded(config.command_timeout, script.load_async(&mut connection))
                 .await
                 .map_err(unreachable)?;
-        Ok(Self::with_connection(client, connection, config, signals))
+        }
+        Ok(Self::with_connection(target, connection, config, signals))
     }
 
     /// Connects on first use: for a Redlock node that may be down at start-up.
@@ -66,26 +60,28 @@ impl RedisNode {
         signals: Arc<Signals>,
     ) -> Result<Self, LockError> {
         let unreachable = |source| LockError::Backend { key: None, source };
-        let client = Client::open(url).map_err(unreachable)?;
-        let connection =
-            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))
-                .map_err(unreachable)?;
-        Ok(Self::with_connection(client, connection, config, signals))
+        let target = Target::server(url).map_err(unreachable)?;
+        let connection = target.connect_lazily(config).map_err(unreachable)?;
+        Ok(Self::with_connection(target, connection, config, signals))
     }
 
     fn with_connection(
-        client: Client,
-        connection: ConnectionManager,
+        target: Target,
+        connection: Connection,
         config: &ClientConfig,
         signals: Arc<Signals>,
     ) -> Self {
         RedisNode {
-            client,
+            target,
             config: config.clone(),
             connection,
             subscriber: OnceCell::new(),
             signals,
         }
+    }
+
+    pub(crate) fn kind(&self) -> &'static str {
+        self.target.kind()
     }
 
     pub(crate) async fn acquire(
@@ -133,10 +129,11 @@ impl RedisNode {
         notify: bool,
     ) -> Result<Release, LockError> {
         let mut invocation = RELEASE.key(&name.hash);
-        invocation
-            .key(&name.channel)
-            .arg(owner)
-            .arg(if notify { "PUBLISH" } else { "" });
+        invocation.key(&name.channel).arg(owner).arg(if notify {
+            self.target.publish_command()
+        } else {
+            ""
+        });
         let left: i64 = self.invoke_idempotent(name, &invocation).await?;
         Ok(match left {
             0 => Release::Freed,
@@ -169,7 +166,8 @@ impl RedisNode {
         let subscriber = self
             .subscriber
             .get_or_try_init(|| {
-                subscribe_connection(&self.client, &self.config, self.signals.clone())
+                let connecting = self.target.subscriber(&self.config, self.signals.clone());
+                bounded(self.config.connect_timeout, connecting)
             })
             .await
             .map_err(|source| LockError::backend(&name.key, source))?;
@@ -212,56 +210,6 @@ impl RedisNode {
             .await
             .map_err(|source| LockError::backend(&name.key, source))
     }
-}
-
-/// The node's one pub/sub connection (RESP3, so pushes arrive beside replies),
-/// resubscribing after a reconnect.
-async fn subscribe_connection(
-    client: &Client,
-    config: &ClientConfig,
-    signals: Arc<Signals>,
-) -> redis::RedisResult<ConnectionManager> {
-    let info = client.get_connection_info().clone();
-    let resp3 = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    let client = Client::open(info.set_redis_settings(resp3))?;
-    let manager_config = manager_config(config)
-        .set_push_sender(move |push: PushInfo| {
-            on_push(&signals, push);
-            Ok::<(), redis::aio::SendError>(())
-        })
-        .set_automatic_resubscription();
-    bounded(
-        config.connect_timeout,
-        ConnectionManager::new_with_config(client, manager_config),
-    )
-    .await
-}
-
-/// A release message wakes that lock's waiters. A dropped connection may have lost
-/// messages, so it wakes them all to look again.
-fn on_push(signals: &Signals, push: PushInfo) {
-    match push.kind {
-        PushKind::Message | PushKind::SMessage => {
-            if let Some(Value::BulkString(channel)) = push.data.first() {
-                if let Ok(channel) = std::str::from_utf8(channel) {
-                    signals.notify(channel);
-                }
-            }
-        }
-        PushKind::Disconnection => signals.notify_all(),
-        _ => {}
-    }
-}
-
-fn manager_config(config: &ClientConfig) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(config.connect_timeout))
-        .set_response_timeout(Some(config.command_timeout))
-        .set_number_of_retries(1)
-        .set_max_delay(config.command_timeout)
 }
 
 /// Redis calls may wait on a reconnect; this caps the whole call, not just one read.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 
 use super::signals::Signals;
-use super::{Attempt, RedisNode, Release};
+use super::{Attempt, RedisNode, Release, Target};
 use crate::key::LockName;
 use crate::{ClientConfig, LockError};
 
@@ -38,8 +38,13 @@ impl Redlock {
         let mut connecting = JoinSet::new();
         for (index, url) in urls.iter().enumerate() {
             let (url, config, signals) = (url.clone(), config.clone(), signals.clone());
-            connecting
-                .spawn(async move { (index, RedisNode::connect(&url, &config, signals).await) });
+            connecting.spawn(async move {
+                let connected = match Target::server(&url) {
+                    Ok(target) => RedisNode::connect(target, &config, signals).await,
+                    Err(source) => Err(LockError::Backend { key: None, source }),
+                };
+                (index, connected)
+            });
         }
         let mut nodes: Vec<Option<Arc<RedisNode>>> = urls.iter().map(|_| None).collect();
         let mut last_error = None;

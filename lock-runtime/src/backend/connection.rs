@@ -1,0 +1,326 @@
+//! The ways to reach the Redis that holds the locks: one server, a Cluster, or the
+//! primary that Sentinel names. All three run the same scripts through one
+//! `ConnectionLike`, and each has a pub/sub connection of its own kind.
+
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, ProtocolVersion, PushInfo, PushKind,
+    RedisConnectionInfo, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
+};
+use std::sync::{Arc, Mutex};
+
+use super::signals::Signals;
+use crate::ClientConfig;
+
+/// Where the locks live, and how to connect there again.
+pub(crate) enum Target {
+    Server(Client),
+    Cluster(Vec<String>),
+    Sentinel {
+        sentinels: Vec<String>,
+        primary: String,
+        client: Arc<tokio::sync::Mutex<SentinelClient>>,
+    },
+}
+
+#[derive(Clone)]
+pub(crate) enum Connection {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+    Sentinel(SentinelConnection),
+}
+
+impl Target {
+    pub(crate) fn server(url: &str) -> RedisResult<Target> {
+        Ok(Target::Server(Client::open(url)?))
+    }
+
+    pub(crate) fn cluster(urls: Vec<String>) -> Target {
+        Target::Cluster(urls)
+    }
+
+    pub(crate) fn sentinel(sentinels: Vec<String>, primary: &str) -> RedisResult<Target> {
+        let client = sentinel_client(&sentinels, primary, ProtocolVersion::RESP2)?;
+        Ok(Target::Sentinel {
+            sentinels,
+            primary: primary.to_owned(),
+            client: Arc::new(tokio::sync::Mutex::new(client)),
+        })
+    }
+
+    /// Releases are published per shard on a Cluster, so that they reach only the
+    /// node that serves the lock's slot.
+    pub(crate) fn publish_command(&self) -> &'static str {
+        match self {
+            Target::Cluster(_) => "SPUBLISH",
+            Target::Server(_) | Target::Sentinel { .. } => "PUBLISH",
+        }
+    }
+
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Target::Server(_) => "redis",
+            Target::Cluster(_) => "cluster",
+            Target::Sentinel { .. } => "sentinel",
+        }
+    }
+
+    pub(crate) async fn connect(&self, config: &ClientConfig) -> RedisResult<Connection> {
+        match self {
+            Target::Server(client) => {
+                let manager =
+                    ConnectionManager::new_with_config(client.clone(), manager_config(config))
+                        .await?;
+                Ok(Connection::Server(manager))
+            }
+            Target::Cluster(urls) => {
+                let client = cluster_builder(urls, config).build()?;
+                Ok(Connection::Cluster(client.get_async_connection().await?))
+            }
+            Target::Sentinel { client, .. } => {
+                let connection = SentinelConnection {
+                    sentinel: client.clone(),
+                    config: connection_config(config),
+                    current: Arc::default(),
+                };
+                connection.current().await?;
+                Ok(Connection::Sentinel(connection))
+            }
+        }
+    }
+
+    /// A connection made on first use, for a Redlock node that may be down now.
+    pub(crate) fn connect_lazily(&self, config: &ClientConfig) -> RedisResult<Connection> {
+        match self {
+            Target::Server(client) => Ok(Connection::Server(
+                ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))?,
+            )),
+            Target::Cluster(_) | Target::Sentinel { .. } => Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "only a single server connects lazily",
+            ))),
+        }
+    }
+
+    /// A RESP3 connection whose pushes (release messages) go to `signals`, and that
+    /// subscribes again after reconnecting.
+    pub(crate) async fn subscriber(
+        &self,
+        config: &ClientConfig,
+        signals: Arc<Signals>,
+    ) -> RedisResult<Connection> {
+        let pushes = move |push: PushInfo| {
+            on_push(&signals, push);
+            Ok::<(), redis::aio::SendError>(())
+        };
+        match self {
+            Target::Server(client) => {
+                let client = resp3(client)?;
+                let manager_config = manager_config(config)
+                    .set_push_sender(pushes)
+                    .set_automatic_resubscription();
+                Ok(Connection::Server(
+                    ConnectionManager::new_with_config(client, manager_config).await?,
+                ))
+            }
+            Target::Cluster(urls) => {
+                let builder = cluster_builder(urls, config).use_protocol(ProtocolVersion::RESP3);
+                let client = builder.push_sender(pushes).build()?;
+                Ok(Connection::Cluster(client.get_async_connection().await?))
+            }
+            Target::Sentinel {
+                sentinels, primary, ..
+            } => {
+                let sentinel = sentinel_client(sentinels, primary, ProtocolVersion::RESP3)?;
+                let connection = SentinelConnection {
+                    sentinel: Arc::new(tokio::sync::Mutex::new(sentinel)),
+                    config: connection_config(config).set_push_sender(pushes),
+                    current: Arc::default(),
+                };
+                connection.current().await?;
+                Ok(Connection::Sentinel(connection))
+            }
+        }
+    }
+}
+
+impl Connection {
+    pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Connection::Server(manager) => manager.subscribe(channel).await,
+            Connection::Cluster(cluster) => cluster.ssubscribe(channel).await,
+            Connection::Sentinel(sentinel) => sentinel.current().await?.subscribe(channel).await,
+        }
+    }
+
+    pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Connection::Server(manager) => manager.unsubscribe(channel).await,
+            Connection::Cluster(cluster) => cluster.sunsubscribe(channel).await,
+            Connection::Sentinel(sentinel) => sentinel.current().await?.unsubscribe(channel).await,
+        }
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Server(manager) => manager.req_packed_command(cmd),
+            Connection::Cluster(cluster) => cluster.req_packed_command(cmd),
+            Connection::Sentinel(sentinel) => sentinel.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Server(manager) => manager.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(cluster) => cluster.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(sentinel) => sentinel.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Server(manager) => manager.get_db(),
+            Connection::Cluster(cluster) => cluster.get_db(),
+            Connection::Sentinel(sentinel) => sentinel.get_db(),
+        }
+    }
+}
+
+/// A connection to the primary that Sentinel names now. When the primary stops
+/// answering or turns read-only (it was demoted), the next call asks Sentinel again.
+#[derive(Clone)]
+pub(crate) struct SentinelConnection {
+    sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
+    config: AsyncConnectionConfig,
+    current: Arc<Mutex<Option<MultiplexedConnection>>>,
+}
+
+impl SentinelConnection {
+    async fn current(&self) -> RedisResult<MultiplexedConnection> {
+        if let Some(connection) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Ok(connection);
+        }
+        let primary = self.sentinel.lock().await.async_get_client().await?;
+        let connection = primary
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
+        Ok(connection)
+    }
+
+    fn check<T>(&self, answer: RedisResult<T>) -> RedisResult<T> {
+        if let Err(error) = &answer {
+            let demoted = error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+            if demoted || error.is_io_error() || error.is_connection_dropped() {
+                *self.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            }
+        }
+        answer
+    }
+}
+
+impl ConnectionLike for SentinelConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let mut connection = self.check(self.current().await)?;
+            let answer = connection.req_packed_command(cmd).await;
+            self.check(answer)
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let mut connection = self.check(self.current().await)?;
+            let answer = connection
+                .req_packed_commands(pipeline, offset, count)
+                .await;
+            self.check(answer)
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// A release message wakes that lock's waiters. A dropped connection may have lost
+/// messages, so it wakes them all to look again.
+fn on_push(signals: &Signals, push: PushInfo) {
+    match push.kind {
+        PushKind::Message | PushKind::SMessage => {
+            if let Some(Value::BulkString(channel)) = push.data.first() {
+                if let Ok(channel) = std::str::from_utf8(channel) {
+                    signals.notify(channel);
+                }
+            }
+        }
+        PushKind::Disconnection => signals.notify_all(),
+        _ => {}
+    }
+}
+
+fn resp3(client: &Client) -> RedisResult<Client> {
+    let info = client.get_connection_info().clone();
+    let resp3 = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    Client::open(info.set_redis_settings(resp3))
+}
+
+fn cluster_builder(urls: &[String], config: &ClientConfig) -> ClusterClientBuilder {
+    ClusterClient::builder(urls.to_vec())
+        .connection_timeout(config.connect_timeout)
+        .response_timeout(config.command_timeout)
+}
+
+fn sentinel_client(
+    sentinels: &[String],
+    primary: &str,
+    protocol: ProtocolVersion,
+) -> RedisResult<SentinelClient> {
+    let redis = RedisConnectionInfo::default().set_protocol(protocol);
+    let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
+    SentinelClient::build(
+        sentinels.to_vec(),
+        primary.to_owned(),
+        Some(node),
+        SentinelServerType::Master,
+    )
+}
+
+fn manager_config(config: &ClientConfig) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(Some(config.command_timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(config.command_timeout)
+}
+
+fn connection_config(config: &ClientConfig) -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(Some(config.command_timeout))
+}

@@ -1,0 +1,95 @@
+//! A Redis Cluster of three primaries and three replicas: lock traffic keeps its
+//! guarantees while the lock's slot migrates to another primary.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockOptions};
+use lock_tests::RedisCluster;
+use redis::AsyncCommands;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locking_runs_on_while_the_slot_migrates() {
+    let cluster = Arc::new(RedisCluster::start());
+    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let mut data = redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    // The counter shares the lock's hash tag, so it migrates with the lock.
+    let counter = "{stock}:count";
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(counter)
+        .query(&mut cluster.servers[0].connection())
+        .unwrap();
+    let () = data.set(counter, 0).await.unwrap();
+
+    let migrated = Arc::new(AtomicBool::new(false));
+    let inside = Arc::new(AtomicBool::new(false));
+    let options = LockOptions::new()
+        .retry_wait(Duration::from_millis(5))
+        .timeout(Duration::from_secs(30));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (client, mut data, options) = (client.clone(), data.clone(), options.clone());
+            let (migrated, inside) = (migrated.clone(), inside.clone());
+            tokio::spawn(async move {
+                let mut sections = 0u64;
+                // Keep going until the move is done, then a little longer, on the new owner.
+                let mut after_move = 0;
+                while after_move < 20 {
+                    let guard = client
+                        .acquire("stock", &options)
+                        .await
+                        .expect("acquire while migrating");
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    let count: i64 = data.get(counter).await.unwrap();
+                    let () = data.set(counter, count + 1).await.unwrap();
+                    inside.store(false, Ordering::SeqCst);
+                    guard.release().await.expect("release while migrating");
+                    sections += 1;
+                    if migrated.load(Ordering::SeqCst) {
+                        after_move += 1;
+                    }
+                }
+                sections
+            })
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let moving = cluster.clone();
+    tokio::task::spawn_blocking(move || {
+        let from = moving.primary_for(slot).port();
+        let to = moving
+            .primaries()
+            .into_iter()
+            .find(|primary| primary.port() != from)
+            .unwrap();
+        moving.migrate_slot(slot, to);
+    })
+    .await
+    .unwrap();
+    let new_owner = cluster.primary_for(slot).port();
+    migrated.store(true, Ordering::SeqCst);
+
+    let mut sections = 0;
+    for worker in workers {
+        sections += worker.await.unwrap();
+    }
+    let count: i64 = data.get(counter).await.unwrap();
+    assert_eq!(count as u64, sections, "every section counted once");
+    let lock_calls_on_new_owner = cluster
+        .servers
+        .iter()
+        .find(|server| server.port() == new_owner)
+        .unwrap()
+        .calls("evalsha");
+    assert!(
+        lock_calls_on_new_owner >= 20 * 8,
+        "the lock followed its slot"
+    );
+}
