@@ -36,6 +36,7 @@ mod client;
 mod error;
 mod fencing;
 mod guard;
+pub mod history;
 #[cfg(any(feature = "axum", feature = "actix"))]
 mod http;
 mod key;

@@ -3,9 +3,9 @@
 //! different tasks, which works the same on all.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use lock_runtime::history::History;
 use lock_runtime::{LockClient, LockError, LockGuard, LockOptions};
 use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
 use redis::AsyncCommands;
@@ -183,24 +183,25 @@ on_every_backend!(
 async fn mutual_exclusion(fixture: Fixture) {
     const TASKS: usize = 32;
     const SECTIONS: usize = 50;
-    let inside = Arc::new(AtomicBool::new(false));
+    let history = Arc::new(History::new());
     let options = LockOptions::new()
+        .fencing(true)
         .retry_wait(Duration::from_millis(2))
         .timeout(Duration::from_secs(60));
     let mut tasks = Vec::new();
-    for _ in 0..TASKS {
+    for task in 0..TASKS {
         let client = fixture.client.clone();
         let mut data = fixture.data().await;
-        let inside = inside.clone();
+        let history = history.clone();
         let options = options.clone();
         tasks.push(tokio::spawn(async move {
             for _ in 0..SECTIONS {
                 let guard = client.acquire("counter", &options).await.unwrap();
-                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                let from = SystemTime::now();
                 let count: i64 = data.get("count").await.unwrap_or(0);
                 tokio::task::yield_now().await;
                 let () = data.set("count", count + 1).await.unwrap();
-                inside.store(false, Ordering::SeqCst);
+                history.record_guard(format!("task {task}"), &guard, from);
                 guard.release().await.unwrap();
             }
         }));
@@ -210,6 +211,11 @@ async fn mutual_exclusion(fixture: Fixture) {
     }
     let count: i64 = fixture.data().await.get("count").await.unwrap();
     assert_eq!(count, (TASKS * SECTIONS) as i64);
+    assert_eq!(
+        history.check(),
+        Ok(TASKS * SECTIONS),
+        "holders overlapped or tokens went back"
+    );
 }
 
 async fn stale_holder_cannot_release_or_extend(fixture: Fixture) {
@@ -517,35 +523,36 @@ async fn fixed_lease_expires_and_is_lost(fixture: Fixture) {
 }
 
 async fn fencing_tokens_strictly_increase(fixture: Fixture) {
+    let history = Arc::new(History::new());
     let options = LockOptions::new()
         .fencing(true)
         .retry_wait(Duration::from_millis(2))
         .timeout(Duration::from_secs(30));
     let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let client = fixture.client.clone();
-        let options = options.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut seen = Vec::new();
-            for _ in 0..20 {
-                let guard = client.acquire("fenced", &options).await.unwrap();
-                seen.push((Instant::now(), guard.fencing_token().expect("a token")));
-                guard.release().await.unwrap();
-            }
-            seen
-        }));
+    for client_number in 0..4 {
+        let client = fixture.connect().await;
+        for task in 0..2 {
+            let (client, options, history) = (client.clone(), options.clone(), history.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..20 {
+                    let guard = client.acquire("fenced", &options).await.unwrap();
+                    let from = SystemTime::now();
+                    assert!(guard.fencing_token().is_some());
+                    tokio::task::yield_now().await;
+                    history.record_guard(
+                        format!("client {client_number} task {task}"),
+                        &guard,
+                        from,
+                    );
+                    guard.release().await.unwrap();
+                }
+            }));
+        }
     }
-    let mut all = Vec::new();
     for task in tasks {
-        all.extend(task.await.unwrap());
+        task.await.unwrap();
     }
-    all.sort();
-    let tokens: Vec<u64> = all.iter().map(|(_, token)| *token).collect();
-    assert!(
-        tokens.windows(2).all(|pair| pair[0] < pair[1]),
-        "tokens out of order: {tokens:?}"
-    );
-    assert_eq!(tokens.len(), 160);
+    assert_eq!(history.check(), Ok(160));
     let plain = fixture
         .client
         .acquire("fenced", &LockOptions::new())
