@@ -1,5 +1,7 @@
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -210,7 +212,17 @@ impl LockClient {
         }
     }
 
-    async fn acquire_planned(&self, key: &str, plan: Plan) -> Result<LockGuard, LockError> {
+    /// Boxed: the waiting loop's future nests deep enough to exhaust the compiler's
+    /// query depth in callers' crates when laid out inline.
+    fn acquire_planned<'a>(
+        &'a self,
+        key: &'a str,
+        plan: Plan,
+    ) -> Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send + 'a>> {
+        Box::pin(self.wait_and_acquire(key, plan))
+    }
+
+    async fn wait_and_acquire(&self, key: &str, plan: Plan) -> Result<LockGuard, LockError> {
         let name = LockName::new(key)?;
         let owner = format!("{}:{}", self.shared.id, task_scope());
         if let Some(guard) = self.reenter(&owner, &name, &plan)? {

@@ -75,7 +75,6 @@ pub fn default_client() -> Result<LockClient, LockError> {
 /// What `#[distributed_lock]` expands to. Not a public API: it may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    use std::fmt::Display;
     use std::future::Future;
 
     pub use crate::{LockClient, LockError, LockGuard, LockKey, LockOptions, default_client};
@@ -87,11 +86,6 @@ pub mod __private {
         Cancel,
         /// Let the body finish; it can watch the guard itself.
         Continue,
-    }
-
-    /// Spanned at a key expression, so a value that is not `Display` is reported there.
-    pub fn key_part<T: Display + ?Sized>(value: &T) -> &T {
-        value
     }
 
     /// Runs the body while `guard` is held, then releases the lock. The body's
