@@ -1,9 +1,288 @@
-//! The `#[distributed_lock]` attribute. Use it through `lock-runtime`.
+//! The `#[distributed_lock]` attribute. Use it through `lock-runtime`, which re-exports
+//! it as `lock_runtime::distributed_lock` and holds everything the generated code
+//! calls; the attribute's docs list every option.
+//!
+//! The crate reads as parse (`attr`), validate (`valid`), expand (`expand`).
+
+mod attr;
+mod expand;
+mod valid;
 
 use proc_macro::TokenStream;
+use syn::ItemFn;
 
-/// Runs an async fn while holding a distributed lock (expansion lands with the attribute).
+/// Runs an `async fn` while holding a distributed lock.
+///
+/// The fn builds its key from the prefix and key expressions, takes the lock through
+/// the `LockClient` (waiting as the options say), runs its body while the lock is
+/// held and releases the lock on every way out: return, `?`, panic, and the future
+/// being dropped.
+///
+/// The fn must return `Result<T, E>` with `E: From<LockError>`: a lock that cannot be
+/// taken is returned as `Err(LockError::..)`, converted into `E`. Aliases are
+/// recognised by name, so the return type's last segment must end in `Result`
+/// (`anyhow::Result<T>`, `AppResult<T>`).
+///
+/// ```
+/// use lock_runtime::{LockError, distributed_lock};
+///
+/// struct CreateOrder { user_id: u64 }
+///
+/// #[distributed_lock(prefix = "order", keys = "req.user_id", retries = 20)]
+/// async fn create_order(req: CreateOrder) -> Result<u64, LockError> {
+///     Ok(req.user_id) // runs alone among the holders of `order:<user_id>`
+/// }
+/// ```
+///
+/// Without a `client` option the fn uses the client given to
+/// `lock_runtime::set_default_client` at start-up, and returns
+/// `LockError::NoDefaultClient` when there is none.
+///
+/// # Options
+///
+/// Each option is given at most once, as `name = value`, separated by commas. Times
+/// (`*_ms`) are whole milliseconds, at least 1, written without a suffix.
+///
+/// ## `prefix = "name"`
+///
+/// The first part of the key. Defaults to the fn's name.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(prefix = "nightly-report")]
+/// async fn build_report() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// ## `keys = "expr"` or `keys = ["expr", ...]`
+///
+/// Rust expressions over the fn's parameters, each appended to the key through its
+/// `Display`. Names bound by patterns count as parameters, and so does `self`. Each
+/// expression must start from a parameter: every name that a value in it starts from
+/// must be a parameter or an UPPER_CASE constant, and at least one must be a
+/// parameter. Closures, blocks and other forms that bind names of their own are not
+/// looked into, nor are names captured by a format string (`format!("{id}")`): pass
+/// those as arguments. Without `keys`, the fn takes one lock per prefix.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// # struct Account { id: u64 }
+/// #[distributed_lock(keys = ["from.id", "to.id"])]
+/// async fn transfer(from: &Account, to: &Account, cents: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+///
+/// #[distributed_lock(keys = ["x", "y"])]
+/// async fn paint((x, y): (i32, i32)) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// # let _ = (transfer, paint);
+/// ```
+///
+/// ## `spin = bool`
+///
+/// Wait for a busy lock (`true`, the default), or fail at once with `LockError::Busy`
+/// (`false`). `spin = false` cannot be combined with `retries`, `wait_ms` or
+/// `timeout_ms`.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(spin = false)]
+/// async fn refresh_cache() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// ## `retries = n`
+///
+/// Further attempts after the first before giving up with `LockError::Timeout`.
+/// Defaults to 20, or unbounded when only `timeout_ms` is given.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(retries = 100)]
+/// async fn patient() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// ## `wait_ms = n`
+///
+/// The longest pause between attempts, in milliseconds; a release wakes waiters
+/// sooner. Defaults to 50.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(retries = 10, wait_ms = 200)]
+/// async fn slow_poll() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// ## `timeout_ms = n`
+///
+/// An overall deadline for acquiring, in milliseconds. With `retries` too, whichever
+/// comes first ends the waiting.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(timeout_ms = 2_000)]
+/// async fn bounded() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// ## `expire_ms = n`
+///
+/// A fixed lease in milliseconds: the lock frees itself this long after it was taken,
+/// and the watchdog is off unless `watchdog = true`. Without it, the lease is 30 s and
+/// the watchdog renews it every 10 s while the body runs.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(expire_ms = 5_000)]
+/// async fn short_job() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// ## `watchdog = bool`
+///
+/// Renew the lease while the body runs. Defaults to `true` without `expire_ms`, and
+/// to `false` with it.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(expire_ms = 2_000, watchdog = true)]
+/// async fn renewed_every_two_thirds_of_a_second() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// ## `max_hold_ms = n`
+///
+/// The longest the watchdog keeps renewing, in milliseconds; after that the lease runs
+/// out. It needs the watchdog: not with `watchdog = false`, and with `expire_ms` only
+/// alongside `watchdog = true`.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(max_hold_ms = 600_000)]
+/// async fn at_most_ten_minutes() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// ## `reentrant = bool`
+///
+/// Let a nested call in the same task on the same key re-enter the lock (`true`, the
+/// default), or fail with `LockError::Reentered` (`false`).
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(reentrant = false)]
+/// async fn not_twice() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// ## `fencing = bool`
+///
+/// Issue a fencing token, strictly increasing per key, with each acquisition. Read it
+/// through `guard`. Defaults to `false`.
+///
+/// ## `guard = name`
+///
+/// Binds `name: &LockGuard` in the body: its fencing token, `is_held()`, `lost()`,
+/// `extend(..)`. The name must not be a parameter's.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// # struct Store;
+/// # impl Store { async fn write(&self, _token: Option<u64>) -> Result<(), LockError> { Ok(()) } }
+/// #[distributed_lock(fencing = true, guard = lock)]
+/// async fn save(store: &Store) -> Result<(), LockError> {
+///     store.write(lock.fencing_token()).await
+/// }
+/// ```
+///
+/// ## `client = "expr"`
+///
+/// An expression over the parameters giving the `LockClient` to use (or a reference
+/// to one, or anything that derefs to one), instead of the default client. It is
+/// cloned before the body runs, so a method may take `self` by value.
+///
+/// ```
+/// # use lock_runtime::{LockClient, LockError, distributed_lock};
+/// struct Orders { locks: LockClient }
+///
+/// impl Orders {
+///     #[distributed_lock(client = "self.locks", keys = "id")]
+///     async fn cancel(&self, id: u64) -> Result<(), LockError> {
+///         Ok(())
+///     }
+/// }
+/// ```
+///
+/// ## `on_lost = "cancel"` or `on_lost = "continue"`
+///
+/// What happens when the lease is lost while the body runs. With `"cancel"` (the
+/// default) the body is dropped at its next `.await` and the fn returns
+/// `Err(LockError::Lost)`. With `"continue"` the body runs to the end; it can watch
+/// the lock through `guard`.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(on_lost = "continue", guard = lock)]
+/// async fn best_effort() -> Result<bool, LockError> {
+///     Ok(lock.is_held())
+/// }
+/// ```
+///
+/// ## `crate = "path"`
+///
+/// The path to `lock-runtime`, for a crate that renamed the dependency or reaches it
+/// through a re-export. Defaults to `::lock_runtime`.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(crate = "::lock_runtime")]
+/// async fn through_a_path() -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
+///
+/// # Errors at compile time
+///
+/// Each is reported at the tokens at fault: a fn that is not `async` or does not
+/// return a `Result`; an unknown, repeated or mistyped option; a key expression that
+/// does not parse, does not start from a parameter, or whose value is not `Display`;
+/// a guard named like a parameter; and options that contradict each other.
 #[proc_macro_attribute]
-pub fn distributed_lock(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    let original = proc_macro2::TokenStream::from(item.clone());
+    distributed_lock_inner(args.into(), item.into())
+        .unwrap_or_else(|error| {
+            // The fn as written keeps the rest of the crate, and the IDE, type-checking.
+            let mut output = error.to_compile_error();
+            output.extend(original);
+            output
+        })
+        .into()
+}
+
+fn distributed_lock_inner(
+    args: proc_macro2::TokenStream,
+    item: proc_macro2::TokenStream,
+) -> syn::Result<proc_macro2::TokenStream> {
+    let options: attr::Options = syn::parse2(args)?;
+    let function: ItemFn = syn::parse2(item).map_err(|error| {
+        syn::Error::new(
+            error.span(),
+            "`#[distributed_lock]` goes on an `async fn` with a body",
+        )
+    })?;
+    valid::check(&options, &function.sig)?;
+    Ok(expand::expand(&options, function))
 }

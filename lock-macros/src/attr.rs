@@ -1,0 +1,354 @@
+//! The options of `#[distributed_lock(...)]` and their parsing.
+
+use std::fmt::Display;
+
+use proc_macro2::TokenStream;
+use quote::{ToTokens, quote};
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::{Expr, ExprLit, ExprUnary, Ident, Lit, LitInt, LitStr, Path, Token, UnOp};
+
+mod kw {
+    syn::custom_keyword!(prefix);
+    syn::custom_keyword!(keys);
+    syn::custom_keyword!(spin);
+    syn::custom_keyword!(retries);
+    syn::custom_keyword!(wait_ms);
+    syn::custom_keyword!(timeout_ms);
+    syn::custom_keyword!(expire_ms);
+    syn::custom_keyword!(max_hold_ms);
+    syn::custom_keyword!(watchdog);
+    syn::custom_keyword!(reentrant);
+    syn::custom_keyword!(fencing);
+    syn::custom_keyword!(guard);
+    syn::custom_keyword!(client);
+    syn::custom_keyword!(on_lost);
+}
+
+const OPTIONS: &str = "`prefix`, `keys`, `spin`, `retries`, `wait_ms`, `timeout_ms`, \
+    `expire_ms`, `max_hold_ms`, `watchdog`, `reentrant`, `fencing`, `guard`, `client`, \
+    `on_lost`, `crate`";
+
+/// Redis rejects longer expiry times; the runtime's `MAX_LEASE`.
+const MAX_LEASE_MS: u64 = 1 << 52;
+
+/// One option as written: its value, and its `name = value` tokens for errors about
+/// the option as a whole.
+pub(crate) struct Setting<T> {
+    pub(crate) value: T,
+    tokens: TokenStream,
+}
+
+impl<T> Setting<T> {
+    pub(crate) fn error(&self, message: impl Display) -> syn::Error {
+        syn::Error::new_spanned(&self.tokens, message)
+    }
+}
+
+/// Rust code written inside a string literal. The parsed tokens carry the literal's
+/// span, so that type errors in the code point at the literal.
+pub(crate) struct Embedded<T> {
+    pub(crate) lit: LitStr,
+    pub(crate) code: T,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum OnLost {
+    Cancel,
+    Continue,
+}
+
+#[derive(Default)]
+pub(crate) struct Options {
+    pub(crate) prefix: Option<Setting<LitStr>>,
+    pub(crate) keys: Option<Setting<Vec<Embedded<Expr>>>>,
+    pub(crate) spin: Option<Setting<bool>>,
+    pub(crate) retries: Option<Setting<u32>>,
+    pub(crate) wait_ms: Option<Setting<u64>>,
+    pub(crate) timeout_ms: Option<Setting<u64>>,
+    pub(crate) expire_ms: Option<Setting<u64>>,
+    pub(crate) max_hold_ms: Option<Setting<u64>>,
+    pub(crate) watchdog: Option<Setting<bool>>,
+    pub(crate) reentrant: Option<Setting<bool>>,
+    pub(crate) fencing: Option<Setting<bool>>,
+    pub(crate) guard: Option<Setting<Ident>>,
+    pub(crate) client: Option<Setting<Embedded<Expr>>>,
+    pub(crate) on_lost: Option<Setting<OnLost>>,
+    pub(crate) krate: Option<Setting<Embedded<Path>>>,
+}
+
+impl Parse for Options {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut options = Options::default();
+        while !input.is_empty() {
+            let lookahead = input.lookahead1();
+            if lookahead.peek(kw::prefix) {
+                set::<kw::prefix, _>(input, &mut options.prefix, prefix)?;
+            } else if lookahead.peek(kw::keys) {
+                set::<kw::keys, _>(input, &mut options.keys, keys)?;
+            } else if lookahead.peek(kw::spin) {
+                set::<kw::spin, _>(input, &mut options.spin, boolean)?;
+            } else if lookahead.peek(kw::retries) {
+                set::<kw::retries, _>(input, &mut options.retries, retries)?;
+            } else if lookahead.peek(kw::wait_ms) {
+                set::<kw::wait_ms, _>(input, &mut options.wait_ms, millis)?;
+            } else if lookahead.peek(kw::timeout_ms) {
+                set::<kw::timeout_ms, _>(input, &mut options.timeout_ms, millis)?;
+            } else if lookahead.peek(kw::expire_ms) {
+                set::<kw::expire_ms, _>(input, &mut options.expire_ms, lease_millis)?;
+            } else if lookahead.peek(kw::max_hold_ms) {
+                set::<kw::max_hold_ms, _>(input, &mut options.max_hold_ms, millis)?;
+            } else if lookahead.peek(kw::watchdog) {
+                set::<kw::watchdog, _>(input, &mut options.watchdog, boolean)?;
+            } else if lookahead.peek(kw::reentrant) {
+                set::<kw::reentrant, _>(input, &mut options.reentrant, boolean)?;
+            } else if lookahead.peek(kw::fencing) {
+                set::<kw::fencing, _>(input, &mut options.fencing, boolean)?;
+            } else if lookahead.peek(kw::guard) {
+                set::<kw::guard, _>(input, &mut options.guard, guard)?;
+            } else if lookahead.peek(kw::client) {
+                set::<kw::client, _>(input, &mut options.client, client)?;
+            } else if lookahead.peek(kw::on_lost) {
+                set::<kw::on_lost, _>(input, &mut options.on_lost, on_lost)?;
+            } else if lookahead.peek(Token![crate]) {
+                set::<Token![crate], _>(input, &mut options.krate, krate)?;
+            } else if input.peek(Ident::peek_any) {
+                let unknown = input.call(Ident::parse_any)?;
+                return Err(syn::Error::new_spanned(
+                    &unknown,
+                    format!("unknown option `{unknown}`; the options are {OPTIONS}"),
+                ));
+            } else {
+                return Err(lookahead.error());
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(options)
+    }
+}
+
+/// Parses `name = value` into `slot`, refusing a second `name`. `convert` checks the
+/// value; it gets the option's name for its messages.
+fn set<K, T>(
+    input: ParseStream<'_>,
+    slot: &mut Option<Setting<T>>,
+    convert: fn(&str, &Expr) -> syn::Result<T>,
+) -> syn::Result<()>
+where
+    K: Parse + ToTokens,
+{
+    let keyword: K = input.parse()?;
+    let name = keyword.to_token_stream().to_string();
+    if slot.is_some() {
+        return Err(syn::Error::new_spanned(
+            keyword,
+            format!("duplicate `{name}` option"),
+        ));
+    }
+    let eq: Token![=] = input.parse()?;
+    let expr: Expr = input.parse()?;
+    let value = convert(&name, &expr)?;
+    *slot = Some(Setting {
+        value,
+        tokens: quote!(#keyword #eq #expr),
+    });
+    Ok(())
+}
+
+fn string(expr: &Expr, expected: impl FnOnce() -> String) -> syn::Result<LitStr> {
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => Ok(lit.clone()),
+        _ => Err(syn::Error::new_spanned(expr, expected())),
+    }
+}
+
+fn integer(name: &str, expr: &Expr, example: u64) -> syn::Result<LitInt> {
+    let expected = || format!("`{name}` takes an integer, like `{name} = {example}`");
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(lit), ..
+        }) if lit.suffix().is_empty() => Ok(lit.clone()),
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(lit), ..
+        }) => Err(syn::Error::new_spanned(
+            lit,
+            format!("{}, without the `{}` suffix", expected(), lit.suffix()),
+        )),
+        Expr::Unary(ExprUnary {
+            op: UnOp::Neg(_), ..
+        }) => Err(syn::Error::new_spanned(
+            expr,
+            format!("`{name}` cannot be negative"),
+        )),
+        _ => Err(syn::Error::new_spanned(expr, expected())),
+    }
+}
+
+fn too_large(lit: &LitInt, name: &str, max: impl Display) -> syn::Error {
+    syn::Error::new_spanned(
+        lit,
+        format!("`{name}` is too large; the most it takes is {max}"),
+    )
+}
+
+/// Parses the string literal in `expr` as Rust code. `noun` names the code in
+/// messages: "key `req.` is not an expression".
+fn embedded<T>(
+    name: &str,
+    noun: &str,
+    expr: &Expr,
+    example: &str,
+    what: &str,
+    parse: fn(ParseStream<'_>) -> syn::Result<T>,
+) -> syn::Result<Embedded<T>> {
+    let lit = string(expr, || {
+        format!("`{name}` takes {what} in a string, like `{name} = \"{example}\"`")
+    })?;
+    // `LitStr::parse_with` re-spans every parsed token to the literal.
+    let code = lit.parse_with(parse).map_err(|error| {
+        let source = lit.value();
+        let reason = match source.parse::<TokenStream>() {
+            Ok(_) => error.to_string(),
+            Err(_) => "it does not tokenize; check that its brackets and quotes pair up".to_owned(),
+        };
+        syn::Error::new(
+            lit.span(),
+            format!("{noun} `{source}` is not {what}: {reason}"),
+        )
+    })?;
+    Ok(Embedded { lit, code })
+}
+
+fn prefix(name: &str, expr: &Expr) -> syn::Result<LitStr> {
+    let lit = string(expr, || {
+        format!("`{name}` takes a string, like `{name} = \"order\"`")
+    })?;
+    if lit.value().is_empty() {
+        return Err(syn::Error::new_spanned(
+            lit,
+            "`prefix` must not be empty; drop it to use the fn's name",
+        ));
+    }
+    Ok(lit)
+}
+
+fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Embedded<Expr>>> {
+    let key = |expr: &Expr| {
+        embedded(
+            name,
+            "key",
+            expr,
+            "req.user_id",
+            "an expression",
+            Expr::parse,
+        )
+    };
+    match expr {
+        Expr::Array(array) if array.elems.is_empty() => Err(syn::Error::new_spanned(
+            array,
+            "`keys` is empty; list at least one key, or drop `keys` to take one lock per prefix",
+        )),
+        Expr::Array(array) => array.elems.iter().map(key).collect(),
+        Expr::Lit(_) => Ok(vec![key(expr)?]),
+        _ => Err(syn::Error::new_spanned(
+            expr,
+            "`keys` takes an expression in a string, or an array of them, \
+             like `keys = \"req.user_id\"` or `keys = [\"a.id\", \"b.id\"]`",
+        )),
+    }
+}
+
+fn boolean(name: &str, expr: &Expr) -> syn::Result<bool> {
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Bool(lit),
+            ..
+        }) => Ok(lit.value),
+        _ => Err(syn::Error::new_spanned(
+            expr,
+            format!("`{name}` takes `true` or `false`, like `{name} = false`"),
+        )),
+    }
+}
+
+fn retries(name: &str, expr: &Expr) -> syn::Result<u32> {
+    let lit = integer(name, expr, 20)?;
+    lit.base10_parse()
+        .map_err(|_| too_large(&lit, name, u32::MAX))
+}
+
+fn millis(name: &str, expr: &Expr) -> syn::Result<u64> {
+    let lit = integer(name, expr, 500)?;
+    match lit.base10_parse() {
+        Ok(0) => Err(syn::Error::new_spanned(
+            lit,
+            format!("`{name}` must be at least 1 ms"),
+        )),
+        Ok(millis) => Ok(millis),
+        Err(_) => Err(too_large(&lit, name, u64::MAX)),
+    }
+}
+
+fn lease_millis(name: &str, expr: &Expr) -> syn::Result<u64> {
+    let millis = millis(name, expr)?;
+    if millis > MAX_LEASE_MS {
+        return Err(syn::Error::new_spanned(
+            expr,
+            format!(
+                "`{name}` is longer than Redis accepts; use at most {MAX_LEASE_MS}, \
+                 or drop it to have the watchdog renew a shorter lease"
+            ),
+        ));
+    }
+    Ok(millis)
+}
+
+fn guard(name: &str, expr: &Expr) -> syn::Result<Ident> {
+    // Parsing as `Ident` also refuses keywords such as `self`.
+    syn::parse2(expr.to_token_stream()).map_err(|_| {
+        syn::Error::new_spanned(
+            expr,
+            format!("`{name}` takes an identifier, like `{name} = lock`"),
+        )
+    })
+}
+
+fn client(name: &str, expr: &Expr) -> syn::Result<Embedded<Expr>> {
+    embedded(
+        name,
+        "client",
+        expr,
+        "self.locks",
+        "an expression",
+        Expr::parse,
+    )
+}
+
+fn krate(name: &str, expr: &Expr) -> syn::Result<Embedded<Path>> {
+    embedded(
+        name,
+        "crate",
+        expr,
+        "::lock_runtime",
+        "a path",
+        Path::parse_mod_style,
+    )
+}
+
+fn on_lost(name: &str, expr: &Expr) -> syn::Result<OnLost> {
+    let expected = format!("`{name}` takes `\"cancel\"` or `\"continue\"`");
+    let lit = string(expr, || format!("{expected}, like `{name} = \"continue\"`"))?;
+    match lit.value().as_str() {
+        "cancel" => Ok(OnLost::Cancel),
+        "continue" => Ok(OnLost::Continue),
+        other => Err(syn::Error::new_spanned(
+            lit,
+            format!("{expected}, not `\"{other}\"`"),
+        )),
+    }
+}

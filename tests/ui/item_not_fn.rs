@@ -1,0 +1,6 @@
+use lock_runtime::distributed_lock;
+
+#[distributed_lock]
+struct Orders;
+
+fn main() {}

@@ -1,0 +1,71 @@
+//! Every option, and the combinations that are allowed.
+
+use lock_runtime::{LockError, distributed_lock};
+
+#[distributed_lock(
+    prefix = "order",
+    keys = "id",
+    spin = true,
+    retries = 5,
+    wait_ms = 20,
+    timeout_ms = 1_000,
+    expire_ms = 3_000,
+    watchdog = true,
+    max_hold_ms = 60_000,
+    reentrant = false,
+    fencing = true,
+    guard = lock,
+    on_lost = "continue",
+    crate = "::lock_runtime",
+)]
+async fn everything(id: u64) -> Result<Option<u64>, LockError> {
+    let _ = id;
+    Ok(lock.fencing_token())
+}
+
+#[distributed_lock(spin = false, on_lost = "cancel")]
+async fn fail_fast() -> Result<(), LockError> {
+    Ok(())
+}
+
+// With no `expire_ms`, the 30 s default lease applies and simply is not renewed.
+#[distributed_lock(watchdog = false)]
+async fn unrenewed() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(max_hold_ms = 600_000)]
+async fn capped_watchdog() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(timeout_ms = 500)]
+async fn deadline_only() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(guard = held)]
+async fn r#type() -> Result<bool, LockError> {
+    Ok(held.is_held())
+}
+
+mod runtime {
+    pub use lock_runtime as reexported;
+}
+
+#[distributed_lock(crate = "runtime::reexported")]
+async fn through_a_reexport() -> Result<(), LockError> {
+    Ok(())
+}
+
+fn assert_send<T: Send>(_: T) {}
+
+fn main() {
+    assert_send(everything(1));
+    assert_send(fail_fast());
+    assert_send(unrenewed());
+    assert_send(capped_watchdog());
+    assert_send(deadline_only());
+    assert_send(r#type());
+    assert_send(through_a_reexport());
+}
