@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use lock_runtime::history::History;
-use lock_runtime::{LockClient, LockError, LockGuard, LockOptions};
+use lock_runtime::{LockClient, LockError, LockGuard, LockOptions, distributed_lock};
 use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
 use redis::AsyncCommands;
 use tokio::time::Instant;
@@ -178,6 +178,7 @@ on_every_backend!(
     watchdog_keeps_a_long_body_safe,
     fixed_lease_expires_and_is_lost,
     fencing_tokens_strictly_increase,
+    the_attribute_works_unchanged,
 );
 
 async fn mutual_exclusion(fixture: Fixture) {
@@ -559,4 +560,40 @@ async fn fencing_tokens_strictly_increase(fixture: Fixture) {
         .await
         .unwrap();
     assert_eq!(plain.fencing_token(), None, "no token unless asked");
+}
+
+#[distributed_lock(
+    client = "locks",
+    prefix = "topology",
+    keys = "shard",
+    wait_ms = 5,
+    timeout_ms = 30_000
+)]
+async fn count_once(
+    locks: &LockClient,
+    shard: u32,
+    data: &mut redis::aio::MultiplexedConnection,
+) -> Result<(), LockError> {
+    let count: i64 = data.get("attribute-count").await.unwrap_or(0);
+    tokio::task::yield_now().await;
+    let () = data.set("attribute-count", count + 1).await.unwrap();
+    Ok(())
+}
+
+/// One annotated fn; only the client handed to it differs between topologies.
+async fn the_attribute_works_unchanged(fixture: Fixture) {
+    let mut callers = Vec::new();
+    for _ in 0..8 {
+        let (client, mut data) = (fixture.connect().await, fixture.data().await);
+        callers.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                count_once(&client, 4, &mut data).await.unwrap();
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let count: i64 = fixture.data().await.get("attribute-count").await.unwrap();
+    assert_eq!(count, 80);
 }

@@ -1,9 +1,11 @@
 //! The behaviour suite: one binary, one module per concern, against real
 //! `redis-server`s started by `lock_tests` (and the memory backend where it applies).
 
+mod attribute;
 mod behaviour;
 mod cluster;
 mod crash;
+mod http;
 mod lease;
 mod outage;
 mod redlock;

@@ -1,0 +1,282 @@
+//! `#[distributed_lock]` on real Redis: free fns on the default client, methods with
+//! their own client, re-entry through nested and recursive calls, fail-fast, and
+//! what happens to the body when the lease is lost.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, distributed_lock};
+use lock_tests::RedisServer;
+use redis::AsyncCommands;
+use tokio::time::Instant;
+
+/// Counts the callers inside a section at once, and the most ever seen.
+#[derive(Default)]
+pub(crate) struct Overlap {
+    inside: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Overlap {
+    pub(crate) async fn section(&self, lasting: Duration) {
+        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(lasting).await;
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+#[distributed_lock(prefix = "payout", keys = "account", wait_ms = 5, timeout_ms = 30_000)]
+async fn pay_out(
+    redis: &mut redis::aio::MultiplexedConnection,
+    account: u64,
+) -> Result<(), LockError> {
+    let balance: i64 = redis.get("balance").await.unwrap_or(0);
+    tokio::task::yield_now().await;
+    let () = redis.set("balance", balance + 1).await.unwrap();
+    Ok(())
+}
+
+/// The only test in this binary that sets the default client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_annotated_fn_on_the_default_client_runs_alone() {
+    let redis = RedisServer::start();
+    lock_runtime::set_default_client(LockClient::connect(&redis.url()).await.unwrap());
+    let client = redis::Client::open(redis.url()).unwrap();
+    let callers: Vec<_> = (0..16)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut data = client.get_multiplexed_async_connection().await.unwrap();
+                for _ in 0..20 {
+                    pay_out(&mut data, 7).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let balance: i64 = client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+        .get("balance")
+        .await
+        .unwrap();
+    assert_eq!(balance, 16 * 20);
+}
+
+struct Inventory {
+    locks: LockClient,
+    shard: u32,
+    overlap: Overlap,
+}
+
+impl Inventory {
+    #[distributed_lock(client = "self.locks", keys = ["self.shard", "sku"], timeout_ms = 10_000)]
+    async fn reserve(&self, sku: &str) -> Result<(), LockError> {
+        self.overlap.section(Duration::from_millis(5)).await;
+        Ok(())
+    }
+
+    #[distributed_lock(client = "self.locks", keys = ["self.shard", "sku"], spin = false)]
+    async fn reserve_or_give_up(&self, sku: &str) -> Result<(), LockError> {
+        self.overlap.section(Duration::from_millis(300)).await;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_locks_through_its_own_client() {
+    let redis = RedisServer::start();
+    let inventory = Arc::new(Inventory {
+        locks: LockClient::connect(&redis.url()).await.unwrap(),
+        shard: 3,
+        overlap: Overlap::default(),
+    });
+    let callers: Vec<_> = (0..20)
+        .map(|_| {
+            let inventory = inventory.clone();
+            tokio::spawn(async move { inventory.reserve("sku-9").await })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        inventory.overlap.most(),
+        1,
+        "two callers were inside at once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_fast_returns_busy_while_the_lock_is_held() {
+    let redis = RedisServer::start();
+    let inventory = Arc::new(Inventory {
+        locks: LockClient::connect(&redis.url()).await.unwrap(),
+        shard: 1,
+        overlap: Overlap::default(),
+    });
+    let holder = tokio::spawn({
+        let inventory = inventory.clone();
+        async move { inventory.reserve_or_give_up("sku-1").await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let busy = inventory.reserve_or_give_up("sku-1").await;
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "it failed at once"
+    );
+    match busy {
+        Err(LockError::Busy { key }) => assert_eq!(key, "reserve_or_give_up:1:sku-1"),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    holder.await.unwrap().unwrap();
+    inventory.reserve_or_give_up("sku-1").await.unwrap();
+}
+
+#[distributed_lock(client = "locks", prefix = "tree", keys = "root", timeout_ms = 1_000)]
+async fn walk(locks: &LockClient, root: u32, depth: u32) -> Result<u32, LockError> {
+    if depth == 0 {
+        return Ok(0);
+    }
+    Ok(1 + Box::pin(walk(locks, root, depth - 1)).await?)
+}
+
+#[distributed_lock(
+    client = "locks",
+    prefix = "ledger",
+    keys = "account",
+    timeout_ms = 1_000
+)]
+async fn debit(locks: &LockClient, account: u32, cents: u32) -> Result<u32, LockError> {
+    if cents > 100 {
+        return Box::pin(credit(locks, account, cents - 100)).await;
+    }
+    Ok(cents)
+}
+
+#[distributed_lock(
+    client = "locks",
+    prefix = "ledger",
+    keys = "account",
+    timeout_ms = 1_000
+)]
+async fn credit(locks: &LockClient, account: u32, cents: u32) -> Result<u32, LockError> {
+    Box::pin(debit(locks, account, cents)).await
+}
+
+#[distributed_lock(
+    client = "locks",
+    prefix = "ledger",
+    keys = "account",
+    reentrant = false
+)]
+async fn audit(locks: &LockClient, account: u32) -> Result<(), LockError> {
+    Box::pin(audit(locks, account)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_calls_in_one_task_re_enter_and_spawned_tasks_wait() {
+    let redis = RedisServer::start();
+    let locks = LockClient::connect(&redis.url()).await.unwrap();
+
+    let trips = redis.calls("evalsha");
+    assert_eq!(
+        walk(&locks, 1, 100).await.unwrap(),
+        100,
+        "100 nested calls re-entered"
+    );
+    assert_eq!(
+        redis.calls("evalsha") - trips,
+        2,
+        "one acquire and one release for all of them"
+    );
+
+    assert_eq!(
+        debit(&locks, 5, 450).await.unwrap(),
+        50,
+        "two fns on one key call each other"
+    );
+
+    let nested = audit(&locks, 5).await;
+    assert!(
+        matches!(nested, Err(LockError::Reentered { .. })),
+        "{nested:?}"
+    );
+
+    assert!(
+        parent(&locks, 1).await.unwrap(),
+        "the spawned child waited for its parent's lock"
+    );
+}
+
+/// Holds `tree:<root>` while a task it spawned asks for the same lock.
+#[distributed_lock(client = "locks", prefix = "tree", keys = "root", timeout_ms = 5_000)]
+async fn parent(locks: &LockClient, root: u32) -> Result<bool, LockError> {
+    let child = tokio::spawn({
+        let locks = locks.clone();
+        async move { walk(&locks, root, 1).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Ok(!child.is_finished())
+}
+
+#[distributed_lock(client = "locks", prefix = "import", expire_ms = 300, watchdog = true)]
+async fn long_import(locks: &LockClient, finished: &AtomicBool) -> Result<(), LockError> {
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    finished.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+#[distributed_lock(client = "locks", prefix = "import", expire_ms = 300, watchdog = true, on_lost = "continue", guard = lock)]
+async fn careful_import(locks: &LockClient) -> Result<bool, LockError> {
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    Ok(lock.is_held())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_cancels_the_body_or_lets_it_see_the_loss() {
+    let redis = RedisServer::start();
+    let locks = LockClient::connect(&redis.url()).await.unwrap();
+    let data = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let delete_soon = |mut data: redis::aio::MultiplexedConnection| async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let () = data.del("lock:{import}").await.unwrap();
+        Instant::now()
+    };
+
+    let finished = AtomicBool::new(false);
+    let deleting = tokio::spawn(delete_soon(data.clone()));
+    let result = long_import(&locks, &finished).await;
+    let cancelled_after = deleting.await.unwrap().elapsed();
+    assert!(
+        matches!(result, Err(LockError::Lost { ref key }) if key == "import"),
+        "{result:?}"
+    );
+    assert!(!finished.load(Ordering::SeqCst), "the body was dropped");
+    assert!(
+        cancelled_after <= Duration::from_millis(100) + Duration::from_millis(50),
+        "cancelled after {cancelled_after:?}"
+    );
+
+    let deleting = tokio::spawn(delete_soon(data.clone()));
+    assert_eq!(
+        careful_import(&locks).await.unwrap(),
+        false,
+        "the body ran on and saw the loss"
+    );
+    deleting.await.unwrap();
+}
