@@ -1,0 +1,107 @@
+//! A flash sale: 2,000 purchase requests, 1,000 at a time, over HTTP on loopback,
+//! for 100 items. Each purchase reads the stock and then writes it back, so without
+//! the lock the shop would oversell.
+//!
+//! `flash-sale` runs the service and the buyers in one process and reports.
+//! `flash-sale serve` only serves (several such processes can share one Redis).
+//! With `REDIS_URL` set, locks and stock live in that Redis; otherwise in memory.
+//! `STOCK`, `REQUESTS` and `CONCURRENCY` change the numbers.
+
+mod load;
+mod shop;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use lock_runtime::{LockClient, LockError};
+use redis::AsyncCommands;
+use shop::{Shop, Stock};
+
+const SKU: &str = "sku-1";
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), LockError> {
+    let serve_only = std::env::args().nth(1).as_deref() == Some("serve");
+    let stock = setting("STOCK", 100) as i64;
+    let shop = match std::env::var("REDIS_URL") {
+        Ok(url) => {
+            println!("backend: Redis at {url}");
+            let backend = |source| LockError::Backend { key: None, source };
+            let redis = redis::Client::open(url.as_str()).map_err(backend)?;
+            let mut data = redis
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(backend)?;
+            if !serve_only {
+                let () = data
+                    .set(format!("flash-sale:stock:{SKU}"), stock)
+                    .await
+                    .map_err(backend)?;
+            }
+            Shop {
+                locks: LockClient::connect(&url).await?,
+                stock: Stock::Redis(data),
+            }
+        }
+        Err(_) => {
+            println!("backend: process memory (set REDIS_URL=redis://127.0.0.1:6379 to use Redis)");
+            Shop {
+                locks: LockClient::memory(),
+                stock: Stock::Memory(Arc::new(Mutex::new(HashMap::from([(
+                    SKU.to_owned(),
+                    stock,
+                )])))),
+            }
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    let serving = tokio::spawn(async move { axum::serve(listener, shop::router(shop)).await });
+    if serve_only {
+        println!("listening on {base}");
+        return match serving.await {
+            Ok(Ok(())) => Ok(()),
+            _ => std::process::exit(1),
+        };
+    }
+
+    let (requests, concurrency) = (setting("REQUESTS", 2000), setting("CONCURRENCY", 1000));
+    println!("{requests} purchase requests, {concurrency} at a time, for {stock} items of {SKU}");
+    let outcome = load::drive(&[base.clone()], SKU, requests, concurrency).await;
+    let left: i64 = reqwest::get(format!("{base}/stock/{SKU}"))
+        .await
+        .and_then(|response| response.error_for_status())
+        .expect("read the stock")
+        .json()
+        .await
+        .expect("a stock count");
+
+    println!(
+        "sold {}, sold out {}, failed {}, stock left {left}",
+        outcome.sold, outcome.sold_out, outcome.failed
+    );
+    println!(
+        "{:.0} requests/s, latency p50 {:.1} ms, p99 {:.1} ms",
+        outcome.requests_per_second(),
+        outcome.percentile(50).as_secs_f64() * 1000.0,
+        outcome.percentile(99).as_secs_f64() * 1000.0
+    );
+    if outcome.sold as i64 + left != stock || left < 0 {
+        println!(
+            "OVERSOLD: {} sold + {left} left is not {stock}",
+            outcome.sold
+        );
+        std::process::exit(1);
+    }
+    println!("sold + left = {stock}: nothing oversold");
+    Ok(())
+}
