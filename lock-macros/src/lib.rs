@@ -96,8 +96,9 @@ use syn::ItemFn;
 ///
 /// ## `retries = n`
 ///
-/// Further attempts after the first before giving up with `LockError::Timeout`.
-/// Defaults to 20, or unbounded when only `timeout_ms` is given.
+/// How many times to wait a full pause (`wait_ms`) and try again before giving up
+/// with `LockError::Timeout`; waking early to a release and losing the race does not
+/// use one up. Defaults to 20, or unbounded when only `timeout_ms` is given.
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};

@@ -27,7 +27,8 @@ pub enum LockError {
     NoDefaultClient,
     /// The key cannot name a lock (empty, or too long).
     InvalidKey { key: String, reason: &'static str },
-    /// The options contradict each other or are out of range.
+    /// The options contradict each other or are out of range (the key is empty
+    /// when the options are a client's, not a lock's).
     InvalidOptions { key: String, reason: String },
     /// Redis could not be reached or answered with an error.
     Backend {
@@ -123,6 +124,9 @@ impl fmt::Display for LockError {
             ),
             LockError::InvalidKey { key, reason } => {
                 write!(f, "invalid lock key {}: {reason}", Shown(key))
+            }
+            LockError::InvalidOptions { key, reason } if key.is_empty() => {
+                write!(f, "invalid options: {reason}")
             }
             LockError::InvalidOptions { key, reason } => {
                 write!(f, "invalid options for lock {}: {reason}", Shown(key))

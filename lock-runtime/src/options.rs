@@ -84,7 +84,10 @@ impl LockOptions {
         self
     }
 
-    /// Further attempts after the first before giving up with `Timeout`.
+    /// How many times to wait a full pause (`retry_wait`, or less when the holder's
+    /// lease ends sooner) and try again before giving up with `Timeout`. Waking early
+    /// to a release and losing the race for it does not use up a retry. A task of
+    /// this client queued behind another waits as long as its retries would take.
     pub fn retries(mut self, retries: u32) -> Self {
         self.retries = Some(retries);
         self

@@ -81,7 +81,11 @@ impl MemoryStore {
         let Some(hold) = state.locks.get_mut(&name.hash) else {
             return Release::NotHeld;
         };
-        if hold.owner != owner || hold.expires_at <= now {
+        if hold.expires_at <= now {
+            state.locks.remove(&name.hash);
+            return Release::NotHeld;
+        }
+        if hold.owner != owner {
             return Release::NotHeld;
         }
         hold.count -= 1;
