@@ -1,5 +1,5 @@
 use std::collections::HashMap;
-use std::fmt;
+use std::fmt::{self, Write};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -68,15 +68,9 @@ pub(crate) struct Shared {
     id: String,
     /// The holds of this client's tasks, so a task that holds a key re-enters it
     /// without a round trip.
-    holds: Mutex<HashMap<HoldKey, Weak<Hold>>>,
+    holds: Mutex<HashMap<String, Vec<Weak<Hold>>>>,
     /// The tasks of this client waiting for each key, in line.
     pub(crate) queues: Queues,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct HoldKey {
-    owner: String,
-    hash: String,
 }
 
 impl LockClient {
@@ -223,8 +217,8 @@ impl LockClient {
     }
 
     async fn wait_and_acquire(&self, key: &str, plan: Plan) -> Result<LockGuard, LockError> {
-        let name = LockName::new(key)?;
-        let owner = format!("{}:{}", self.shared.id, task_scope());
+        let name = Arc::new(LockName::new(key)?);
+        let owner = self.owner();
         if let Some(guard) = self.reenter(&owner, &name, &plan)? {
             return Ok(guard);
         }
@@ -233,7 +227,7 @@ impl LockClient {
             let in_line = self.shared.queues.wait_turn(self, &name);
             match tokio::time::timeout(plan.patience(), in_line).await {
                 Ok(turn) => turn,
-                Err(_) => return Err(timeout(name, 0, started)),
+                Err(_) => return Err(timeout(&name, 0, started)),
             }
         } else {
             let turn = self.shared.queues.try_turn(self, &name);
@@ -263,12 +257,14 @@ impl LockClient {
                 Attempt::Busy { retry_in, .. } => retry_in,
             };
             if !plan.spin {
-                return Err(LockError::Busy { key: name.key });
+                return Err(LockError::Busy {
+                    key: name.key.clone(),
+                });
             }
             if retries_left == Some(0)
                 || deadline.is_some_and(|deadline| Instant::now() >= deadline)
             {
-                return Err(timeout(name, attempts, started));
+                return Err(timeout(&name, attempts, started));
             }
             if releases.is_none() {
                 releases = turn.releases().await;
@@ -295,11 +291,11 @@ impl LockClient {
         plan: &Plan,
     ) -> Result<Option<LockGuard>, LockError> {
         let holds = self.holds();
-        let key = HoldKey {
-            owner: owner.to_owned(),
-            hash: name.hash.clone(),
-        };
-        let Some(hold) = holds.get(&key).and_then(Weak::upgrade) else {
+        let task_holds = holds.get(&name.hash).into_iter().flatten();
+        let Some(hold) = task_holds
+            .filter_map(Weak::upgrade)
+            .find(|hold| hold.owner == owner)
+        else {
             return Ok(None);
         };
         if !hold.is_held() {
@@ -316,19 +312,18 @@ impl LockClient {
 
     fn hold(
         &self,
-        name: LockName,
+        name: Arc<LockName>,
         owner: String,
         plan: Plan,
         fence: Option<u64>,
         sent_at: Instant,
         turn: Turn,
     ) -> LockGuard {
-        let key = HoldKey {
-            owner: owner.clone(),
-            hash: name.hash.clone(),
-        };
         let hold = Hold::start(self.clone(), name, owner, &plan, fence, sent_at, turn);
-        self.holds().insert(key, Arc::downgrade(&hold));
+        let mut holds = self.holds();
+        let key_holds = holds.entry(hold.name.hash.clone()).or_default();
+        // A lost hold of this task may linger; the newest comes first.
+        key_holds.insert(0, Arc::downgrade(&hold));
         LockGuard::new(hold)
     }
 
@@ -339,17 +334,22 @@ impl LockClient {
         if !hold.leave() {
             return false;
         }
-        let key = HoldKey {
-            owner: hold.owner.clone(),
-            hash: hold.name.hash.clone(),
-        };
-        if holds
-            .get(&key)
-            .is_some_and(|current| std::ptr::eq(current.as_ptr(), Arc::as_ptr(hold)))
-        {
-            holds.remove(&key);
+        if let Some(key_holds) = holds.get_mut(&hold.name.hash) {
+            key_holds.retain(|other| !std::ptr::eq(other.as_ptr(), Arc::as_ptr(hold)));
+            if key_holds.is_empty() {
+                holds.remove(&hold.name.hash);
+            }
         }
         true
+    }
+
+    /// This client's id and the calling task: who holds what this task takes.
+    fn owner(&self) -> String {
+        let mut owner = String::with_capacity(self.shared.id.len() + 24);
+        owner.push_str(&self.shared.id);
+        owner.push(':');
+        write_task_scope(&mut owner);
+        owner
     }
 
     pub(crate) fn backend(&self) -> &Backend {
@@ -360,7 +360,7 @@ impl LockClient {
         &self.shared
     }
 
-    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<HoldKey, Weak<Hold>>> {
+    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Weak<Hold>>>> {
         self.shared
             .holds
             .lock()
@@ -377,9 +377,9 @@ impl fmt::Debug for LockClient {
     }
 }
 
-fn timeout(name: LockName, attempts: u32, started: Instant) -> LockError {
+fn timeout(name: &LockName, attempts: u32, started: Instant) -> LockError {
     LockError::Timeout {
-        key: name.key,
+        key: name.key.clone(),
         attempts,
         waited: started.elapsed(),
     }
@@ -387,9 +387,9 @@ fn timeout(name: LockName, attempts: u32, started: Instant) -> LockError {
 
 /// The owner scope of the calling code: the tokio task, or the thread when the code
 /// runs outside any task (as in `block_on`).
-fn task_scope() -> String {
-    match tokio::task::try_id() {
-        Some(task) => format!("task-{task}"),
-        None => format!("thread-{:?}", std::thread::current().id()),
-    }
+fn write_task_scope(owner: &mut String) {
+    let _ = match tokio::task::try_id() {
+        Some(task) => write!(owner, "task-{task}"),
+        None => write!(owner, "thread-{:?}", std::thread::current().id()),
+    };
 }

@@ -27,7 +27,7 @@ pub struct LockGuard {
 /// One task's hold of one lock, shared by its nested guards.
 pub(crate) struct Hold {
     client: LockClient,
-    pub(crate) name: LockName,
+    pub(crate) name: Arc<LockName>,
     pub(crate) owner: String,
     fence: Option<u64>,
     /// Guards alive on this hold; changed only under the client's holds table lock.
@@ -52,7 +52,7 @@ fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
 impl Hold {
     pub(crate) fn start(
         client: LockClient,
-        name: LockName,
+        name: Arc<LockName>,
         owner: String,
         plan: &Plan,
         fence: Option<u64>,
@@ -111,7 +111,6 @@ impl Hold {
 
     async fn release(&self) -> Result<(), LockError> {
         self.stop_keeper();
-        self.mark_lost();
         let released = self.client.backend().release(&self.name, &self.owner).await;
         self.give_up_turn();
         match released? {

@@ -117,16 +117,17 @@ impl LockName {
         } else if key.len() > MAX_KEY_LEN {
             "a key must be at most 64 KiB; derive a shorter key (an id or a hash) from the data"
         } else {
-            let mut tag = String::with_capacity(key.len() + 8);
+            let mut hash = String::with_capacity(key.len() + 16);
+            hash.push_str("lock:{");
             for c in key.chars() {
                 match c {
-                    '%' => tag.push_str("%25"),
-                    '{' => tag.push_str("%7B"),
-                    '}' => tag.push_str("%7D"),
-                    c => tag.push(c),
+                    '%' => hash.push_str("%25"),
+                    '{' => hash.push_str("%7B"),
+                    '}' => hash.push_str("%7D"),
+                    c => hash.push(c),
                 }
             }
-            let hash = format!("lock:{{{tag}}}");
+            hash.push('}');
             return Ok(LockName {
                 key: key.to_owned(),
                 fence: format!("{hash}:fence"),

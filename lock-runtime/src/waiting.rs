@@ -30,21 +30,21 @@ struct Queue {
 /// lock is released.
 pub(crate) struct Turn {
     client: LockClient,
-    name: LockName,
+    name: Arc<LockName>,
     queue: Arc<Queue>,
     permit: Option<OwnedMutexGuard<()>>,
 }
 
 impl Queues {
     /// Waits for the caller's turn on `name`, after the tasks that queued earlier.
-    pub(crate) async fn wait_turn(&self, client: &LockClient, name: &LockName) -> Turn {
+    pub(crate) async fn wait_turn(&self, client: &LockClient, name: &Arc<LockName>) -> Turn {
         let queue = self.queue(name);
         let permit = queue.turns.clone().lock_owned().await;
         Turn::new(client, name, queue, permit)
     }
 
     /// The caller's turn on `name` if no task of this client is ahead.
-    pub(crate) fn try_turn(&self, client: &LockClient, name: &LockName) -> Option<Turn> {
+    pub(crate) fn try_turn(&self, client: &LockClient, name: &Arc<LockName>) -> Option<Turn> {
         let queue = self.queue(name);
         let permit = queue.turns.clone().try_lock_owned().ok();
         let turn = Turn::new(client, name, queue, permit?);
@@ -65,7 +65,7 @@ impl Queues {
 impl Turn {
     fn new(
         client: &LockClient,
-        name: &LockName,
+        name: &Arc<LockName>,
         queue: Arc<Queue>,
         permit: OwnedMutexGuard<()>,
     ) -> Turn {
