@@ -5,11 +5,13 @@
 //! Nothing here talks to a Redis it did not start.
 
 mod cluster;
+mod counting;
 mod proxy;
 mod sentinel;
 mod server;
 
 pub use cluster::RedisCluster;
+pub use counting::{CommandCounts, CountingProxy};
 pub use proxy::TcpProxy;
 pub use sentinel::SentinelGroup;
 pub use server::RedisServer;

@@ -1,0 +1,237 @@
+//! The implementations compared, behind one interface so that every scenario runs
+//! the same code for each.
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockGuard, LockOptions};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Script};
+use rslock::LockManager;
+
+/// The lease every implementation takes, so none expires during a run.
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
+/// The longest any acquire may wait before the bench counts it as failed.
+pub(crate) const ACQUIRE_CAP: Duration = Duration::from_secs(120);
+/// rslock's attempts per `lock` call: high enough never to run out within the cap.
+pub(crate) const RSLOCK_RETRIES: u32 = 100_000;
+/// rslock's own default, as documented in its source.
+pub(crate) const RSLOCK_DEFAULT_DELAY: Duration = Duration::from_millis(200);
+pub(crate) const RSLOCK_FAST_DELAY: Duration = Duration::from_millis(10);
+/// The same time bounds as `lock_runtime::ClientConfig`'s defaults.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+const COMPARE_AND_DELETE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PeerKind {
+    Library,
+    Raw,
+    RslockDefault,
+    RslockFast,
+}
+
+impl PeerKind {
+    pub(crate) const ALL: [PeerKind; 4] = [
+        PeerKind::Library,
+        PeerKind::Raw,
+        PeerKind::RslockDefault,
+        PeerKind::RslockFast,
+    ];
+
+    /// The name on the command line of a worker process.
+    pub(crate) fn id(self) -> &'static str {
+        match self {
+            PeerKind::Library => "library",
+            PeerKind::Raw => "raw",
+            PeerKind::RslockDefault => "rslock",
+            PeerKind::RslockFast => "rslock-fast",
+        }
+    }
+
+    pub(crate) fn from_id(id: &str) -> Option<PeerKind> {
+        PeerKind::ALL.into_iter().find(|kind| kind.id() == id)
+    }
+
+    pub(crate) fn label(self, raw_retry: Duration) -> String {
+        match self {
+            PeerKind::Library => "lock-runtime".to_owned(),
+            PeerKind::Raw => format!("raw SET NX + script, {} ms sleep", raw_retry.as_millis()),
+            PeerKind::RslockDefault => format!(
+                "rslock, default {} ms delay",
+                RSLOCK_DEFAULT_DELAY.as_millis()
+            ),
+            PeerKind::RslockFast => {
+                format!("rslock, {} ms delay", RSLOCK_FAST_DELAY.as_millis())
+            }
+        }
+    }
+}
+
+/// One connected implementation, shared by every task of a process.
+pub(crate) enum Peer {
+    Library {
+        client: LockClient,
+        options: LockOptions,
+    },
+    Raw {
+        connection: ConnectionManager,
+        release: Script,
+        retry: Duration,
+    },
+    Rslock {
+        manager: LockManager,
+    },
+}
+
+/// A held lock, whoever took it.
+pub(crate) enum Held {
+    Library(LockGuard),
+    Raw { key: String, token: String },
+    Rslock(rslock::Lock),
+}
+
+impl Peer {
+    pub(crate) async fn connect(
+        kind: PeerKind,
+        url: &str,
+        raw_retry: Duration,
+    ) -> Result<Peer, String> {
+        match kind {
+            PeerKind::Library => {
+                let client = LockClient::connect(url).await.map_err(|e| e.to_string())?;
+                // Generous so that nothing times out; retries are then unbounded and
+                // `retry_wait` stays at its 50 ms default.
+                let options = LockOptions::new().timeout(ACQUIRE_CAP);
+                Ok(Peer::Library { client, options })
+            }
+            PeerKind::Raw => {
+                let client = Client::open(url).map_err(|e| e.to_string())?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CALL_TIMEOUT))
+                    .set_response_timeout(Some(CALL_TIMEOUT));
+                let connection = ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Peer::Raw {
+                    connection,
+                    release: Script::new(COMPARE_AND_DELETE),
+                    retry: raw_retry,
+                })
+            }
+            PeerKind::RslockDefault | PeerKind::RslockFast => {
+                let client = Client::open(url).map_err(|e| e.to_string())?;
+                let mut manager = LockManager::from_clients(vec![client]);
+                let delay = if kind == PeerKind::RslockDefault {
+                    RSLOCK_DEFAULT_DELAY
+                } else {
+                    RSLOCK_FAST_DELAY
+                };
+                manager.set_retry(RSLOCK_RETRIES, delay);
+                Ok(Peer::Rslock { manager })
+            }
+        }
+    }
+
+    /// Waits until the lock on `key` is held, for at most [`ACQUIRE_CAP`].
+    pub(crate) async fn acquire(&self, key: &str) -> Result<Held, String> {
+        match self {
+            Peer::Library { client, options } => client
+                .acquire(key, options)
+                .await
+                .map(Held::Library)
+                .map_err(|e| e.to_string()),
+            Peer::Raw {
+                connection, retry, ..
+            } => {
+                let token = new_token();
+                let attempts = async {
+                    loop {
+                        let set: Option<String> = redis::cmd("SET")
+                            .arg(key)
+                            .arg(&token)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(LEASE.as_millis() as u64)
+                            .query_async(&mut connection.clone())
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if set.is_some() {
+                            return Ok(());
+                        }
+                        tokio::time::sleep(*retry).await;
+                    }
+                };
+                capped(attempts).await?;
+                Ok(Held::Raw {
+                    key: key.to_owned(),
+                    token,
+                })
+            }
+            Peer::Rslock { manager } => {
+                let lock = capped(async {
+                    manager
+                        .lock(key.as_bytes(), LEASE)
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+                .await?;
+                Ok(Held::Rslock(lock))
+            }
+        }
+    }
+
+    pub(crate) async fn release(&self, held: Held) -> Result<(), String> {
+        match (self, held) {
+            (Peer::Library { .. }, Held::Library(guard)) => {
+                guard.release().await.map_err(|e| e.to_string())
+            }
+            (
+                Peer::Raw {
+                    connection,
+                    release,
+                    ..
+                },
+                Held::Raw { key, token },
+            ) => {
+                let deleted: i64 = release
+                    .key(&key)
+                    .arg(&token)
+                    .invoke_async(&mut connection.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if deleted == 1 {
+                    Ok(())
+                } else {
+                    Err(format!("{key} was no longer held at release"))
+                }
+            }
+            // Best effort by design: rslock reports nothing.
+            (Peer::Rslock { manager }, Held::Rslock(lock)) => {
+                manager.unlock(&lock).await;
+                Ok(())
+            }
+            _ => Err("a lock released through another implementation".to_owned()),
+        }
+    }
+}
+
+async fn capped<T>(acquiring: impl Future<Output = Result<T, String>>) -> Result<T, String> {
+    match tokio::time::timeout(ACQUIRE_CAP, acquiring).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no lock within {} s", ACQUIRE_CAP.as_secs())),
+    }
+}
+
+/// Unique across the processes of a run: the process id and a counter.
+fn new_token() -> String {
+    static PROCESS: LazyLock<u32> = LazyLock::new(std::process::id);
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{}:{}", *PROCESS, NEXT.fetch_add(1, Ordering::Relaxed))
+}

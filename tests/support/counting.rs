@@ -1,0 +1,324 @@
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// A loopback TCP proxy in front of a Redis server that counts the top-level
+/// commands clients send through it, by name. Commands run inside scripts never
+/// cross the wire, so unlike `INFO commandstats` they are not counted.
+pub struct CountingProxy {
+    port: u16,
+    counts: Arc<Mutex<CommandCounts>>,
+    accepting: JoinHandle<()>,
+}
+
+/// Top-level commands by upper-case name; container commands carry their
+/// subcommand (`CLIENT SETINFO`, `SCRIPT LOAD`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandCounts {
+    by_name: BTreeMap<String, u64>,
+}
+
+impl CommandCounts {
+    pub fn total(&self) -> u64 {
+        self.by_name.values().sum()
+    }
+
+    /// The total less the commands named in `excluded` (as in [`get`](Self::get)).
+    pub fn total_excluding(&self, excluded: &[&str]) -> u64 {
+        self.by_name
+            .iter()
+            .filter(|(name, _)| !excluded.contains(&name.as_str()))
+            .map(|(_, count)| count)
+            .sum()
+    }
+
+    pub fn get(&self, name: &str) -> u64 {
+        self.by_name.get(name).copied().unwrap_or(0)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.by_name
+            .iter()
+            .map(|(name, count)| (name.as_str(), *count))
+    }
+
+    pub fn add(&mut self, other: &CommandCounts) {
+        for (name, count) in other.iter() {
+            *self.by_name.entry(name.to_owned()).or_default() += count;
+        }
+    }
+
+    fn record(&mut self, name: String) {
+        *self.by_name.entry(name).or_default() += 1;
+    }
+}
+
+impl CountingProxy {
+    /// Listens on a free loopback port and forwards to `127.0.0.1:<target_port>`.
+    pub async fn start(target_port: u16) -> CountingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the counting proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let counts = Arc::new(Mutex::new(CommandCounts::default()));
+        let counting = counts.clone();
+        let accepting = tokio::spawn(async move {
+            let mut connections = Vec::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target_port)).await else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                connections.retain(|task: &JoinHandle<()>| !task.is_finished());
+                connections.push(tokio::spawn(count_requests(
+                    client_read,
+                    server_write,
+                    counting.clone(),
+                )));
+                connections.push(tokio::spawn(forward(server_read, client_write)));
+            }
+        });
+        CountingProxy {
+            port,
+            counts,
+            accepting,
+        }
+    }
+
+    /// `redis://127.0.0.1:<proxy port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The commands counted since the last call, and starts counting from zero.
+    pub fn take(&self) -> CommandCounts {
+        std::mem::take(&mut *self.counts.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+async fn forward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf) {
+    let mut buffer = vec![0; 16 * 1024];
+    loop {
+        let Ok(n @ 1..) = from.read(&mut buffer).await else {
+            return;
+        };
+        if to.write_all(&buffer[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Forwards client bytes to the server first, then parses them, so counting adds
+/// no latency to the request itself.
+async fn count_requests(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    counts: Arc<Mutex<CommandCounts>>,
+) {
+    let mut buffer = vec![0; 16 * 1024];
+    let mut parser = RequestParser::default();
+    loop {
+        let Ok(n @ 1..) = from.read(&mut buffer).await else {
+            return;
+        };
+        if to.write_all(&buffer[..n]).await.is_err() {
+            return;
+        }
+        let names = parser.feed(&buffer[..n]);
+        if !names.is_empty() {
+            let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
+            for name in names {
+                counts.record(name);
+            }
+        }
+    }
+}
+
+/// Commands whose second word names what they do.
+const CONTAINERS: &[&str] = &[
+    "CLIENT", "SCRIPT", "CONFIG", "PUBSUB", "FUNCTION", "OBJECT", "MEMORY", "CLUSTER", "COMMAND",
+];
+
+/// Splits the client's byte stream into requests: RESP arrays of bulk strings
+/// (`*N\r\n` then N times `$len\r\n<bytes>\r\n`) or inline commands (a line of
+/// words). Bytes may arrive split anywhere, so unparsed bytes wait for more.
+#[derive(Default)]
+pub(crate) struct RequestParser {
+    pending: Vec<u8>,
+    /// Set once the stream stops looking like requests; nothing more is counted.
+    lost: bool,
+}
+
+enum Parsed {
+    Request { name: Option<String>, used: usize },
+    Incomplete,
+    Garbled,
+}
+
+impl RequestParser {
+    /// The names of the requests completed by `bytes`, in order.
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
+        if self.lost {
+            return Vec::new();
+        }
+        self.pending.extend_from_slice(bytes);
+        let mut names = Vec::new();
+        let mut start = 0;
+        loop {
+            match parse_request(&self.pending[start..]) {
+                Parsed::Request { name, used } => {
+                    names.extend(name);
+                    start += used;
+                }
+                Parsed::Incomplete => break,
+                Parsed::Garbled => {
+                    self.lost = true;
+                    self.pending.clear();
+                    return names;
+                }
+            }
+        }
+        self.pending.drain(..start);
+        names
+    }
+}
+
+fn parse_request(bytes: &[u8]) -> Parsed {
+    match bytes.first() {
+        None => Parsed::Incomplete,
+        Some(b'*') => parse_array(bytes),
+        Some(_) => parse_inline(bytes),
+    }
+}
+
+fn parse_array(bytes: &[u8]) -> Parsed {
+    let Some((count, mut at)) = number_line(bytes, 1) else {
+        return incomplete_or_garbled(bytes);
+    };
+    let Ok(count) = usize::try_from(count) else {
+        // `*-1`: a null array, nothing to run.
+        return Parsed::Request {
+            name: None,
+            used: at,
+        };
+    };
+    let mut words: Vec<&[u8]> = Vec::with_capacity(count.min(2));
+    for _ in 0..count {
+        match bytes.get(at) {
+            None => return Parsed::Incomplete,
+            Some(b'$') => {}
+            Some(_) => return Parsed::Garbled,
+        }
+        let Some((len, body)) = number_line(bytes, at + 1) else {
+            return incomplete_or_garbled(&bytes[at..]);
+        };
+        let Ok(len) = usize::try_from(len) else {
+            return Parsed::Garbled;
+        };
+        let end = body + len;
+        if bytes.len() < end + 2 {
+            return Parsed::Incomplete;
+        }
+        if &bytes[end..end + 2] != b"\r\n" {
+            return Parsed::Garbled;
+        }
+        if words.len() < 2 {
+            words.push(&bytes[body..end]);
+        }
+        at = end + 2;
+    }
+    Parsed::Request {
+        name: command_name(&words),
+        used: at,
+    }
+}
+
+fn parse_inline(bytes: &[u8]) -> Parsed {
+    let Some(newline) = bytes.iter().position(|&b| b == b'\n') else {
+        return Parsed::Incomplete;
+    };
+    let line = &bytes[..newline];
+    let words: Vec<&[u8]> = line
+        .split(|b| b.is_ascii_whitespace())
+        .filter(|word| !word.is_empty())
+        .take(2)
+        .collect();
+    Parsed::Request {
+        name: command_name(&words),
+        used: newline + 1,
+    }
+}
+
+/// The number on the line starting at `from`, and where the next line starts.
+fn number_line(bytes: &[u8], from: usize) -> Option<(i64, usize)> {
+    let rest = bytes.get(from..)?;
+    let end = rest.windows(2).position(|pair| pair == b"\r\n")?;
+    let number = std::str::from_utf8(&rest[..end]).ok()?.parse().ok()?;
+    Some((number, from + end + 2))
+}
+
+/// A header line still arriving is incomplete; a full one that is not a number is
+/// garbage.
+fn incomplete_or_garbled(bytes: &[u8]) -> Parsed {
+    if bytes.windows(2).any(|pair| pair == b"\r\n") {
+        Parsed::Garbled
+    } else {
+        Parsed::Incomplete
+    }
+}
+
+fn command_name(words: &[&[u8]]) -> Option<String> {
+    let first = String::from_utf8_lossy(words.first()?).to_ascii_uppercase();
+    match words.get(1) {
+        Some(second) if CONTAINERS.contains(&first.as_str()) => Some(format!(
+            "{first} {}",
+            String::from_utf8_lossy(second).to_ascii_uppercase()
+        )),
+        _ => Some(first),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RequestParser;
+
+    #[test]
+    fn counts_arrays_split_anywhere_and_inline_commands() {
+        let stream: &[u8] = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\na\r\nb\r\n\
+            *2\r\n$6\r\nclient\r\n$7\r\nsetinfo\r\nPING\r\n\r\n*1\r\n$4\r\nEXEC\r\n";
+        for split in 0..stream.len() {
+            let mut parser = RequestParser::default();
+            let mut names = parser.feed(&stream[..split]);
+            names.extend(parser.feed(&stream[split..]));
+            assert_eq!(
+                names,
+                ["SET", "CLIENT SETINFO", "PING", "EXEC"],
+                "split at {split}"
+            );
+        }
+    }
+
+    #[test]
+    fn stops_counting_on_garbage() {
+        let mut parser = RequestParser::default();
+        assert!(parser.feed(b"*x\r\n*1\r\n$4\r\nPING\r\n").is_empty());
+        assert!(parser.feed(b"*1\r\n$4\r\nPING\r\n").is_empty());
+    }
+}
