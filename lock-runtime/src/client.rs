@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Attempt, Backend, MemoryStore, RedisNode, Redlock, Signals, Store, Target};
 use crate::guard::{Hold, LockGuard};
+use crate::keeper::Keeper;
 use crate::key::LockName;
 use crate::options::Plan;
 use crate::waiting::{Queues, Turn, wait_for_release};
@@ -71,6 +72,7 @@ pub(crate) struct Shared {
     holds: Mutex<HashMap<String, Vec<Weak<Hold>>>>,
     /// The tasks of this client waiting for each key, in line.
     pub(crate) queues: Queues,
+    keeper: Arc<Keeper>,
 }
 
 impl LockClient {
@@ -176,6 +178,7 @@ impl LockClient {
                 id: uuid::Uuid::new_v4().simple().to_string(),
                 holds: Mutex::default(),
                 queues: Queues::default(),
+                keeper: Arc::default(),
             }),
         }
     }
@@ -354,6 +357,10 @@ impl LockClient {
 
     pub(crate) fn backend(&self) -> &Backend {
         &self.shared.backend
+    }
+
+    pub(crate) fn keeper(&self) -> &Arc<Keeper> {
+        &self.shared.keeper
     }
 
     pub(crate) fn shared(&self) -> &Shared {

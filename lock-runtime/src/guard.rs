@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::Release;
+use crate::keeper::Due;
 use crate::key::LockName;
 use crate::options::{MAX_LEASE, Plan};
 use crate::waiting::Turn;
@@ -35,11 +36,22 @@ pub(crate) struct Hold {
     /// The instant until which the lease is known valid by this process's clock.
     /// A loss sets it to the past, so "lost" and "expired" are one state.
     valid_until: watch::Sender<Instant>,
-    /// Renews the lease (with the watchdog) and gives up the turn once it is lost.
-    keeper: Mutex<Option<JoinHandle<()>>>,
+    acquired_at: Instant,
+    watchdog_lease: Option<Duration>,
+    max_hold: Option<Duration>,
+    /// Who looks after the lease: the client's keeper until the hold has lasted long
+    /// enough to need a task of its own, which renews it (with the watchdog) and
+    /// gives up the turn once it is lost.
+    care: Mutex<Care>,
     runtime: Option<Handle>,
     /// The client's next task in line for this key waits until this is dropped.
     turn: Mutex<Option<Turn>>,
+}
+
+enum Care {
+    Scheduled(Due),
+    Kept(JoinHandle<()>),
+    Ended,
 }
 
 /// Redis measures a lease on its own clock; allow for the two clocks running at
@@ -60,26 +72,49 @@ impl Hold {
         turn: Turn,
     ) -> Arc<Hold> {
         let runtime = Handle::try_current().ok();
+        let watchdog_lease = plan.watchdog.then_some(plan.lease);
+        let valid_until = valid_until(sent_at, plan.lease);
         let hold = Arc::new(Hold {
             client,
             name,
             owner,
             fence,
             holders: AtomicU32::new(1),
-            valid_until: watch::Sender::new(valid_until(sent_at, plan.lease)),
-            keeper: Mutex::new(None),
+            valid_until: watch::Sender::new(valid_until),
+            acquired_at: sent_at,
+            watchdog_lease,
+            max_hold: plan.max_hold,
+            care: Mutex::new(Care::Ended),
             runtime,
             turn: Mutex::new(Some(turn)),
         });
         if let Some(runtime) = &hold.runtime {
-            let keeping = keep(
-                Arc::downgrade(&hold),
-                plan.watchdog.then_some(plan.lease),
-                plan.max_hold,
-            );
-            *hold.keeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(runtime.spawn(keeping));
+            let due = match watchdog_lease {
+                Some(lease) => sent_at + lease / 3,
+                None => valid_until,
+            };
+            let scheduled = hold.client.keeper().watch(&hold, due, runtime);
+            *hold.care() = Care::Scheduled(scheduled);
         }
         hold
+    }
+
+    /// Called by the client's keeper once the hold needs looking after.
+    pub(crate) fn keep(self: &Arc<Self>) {
+        let mut care = self.care();
+        if let (Care::Scheduled(_), Some(runtime)) = (&*care, &self.runtime) {
+            let keeping = keep(
+                Arc::downgrade(self),
+                self.acquired_at,
+                self.watchdog_lease,
+                self.max_hold,
+            );
+            *care = Care::Kept(runtime.spawn(keeping));
+        }
+    }
+
+    fn care(&self) -> std::sync::MutexGuard<'_, Care> {
+        self.care.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn is_held(&self) -> bool {
@@ -100,8 +135,10 @@ impl Hold {
     }
 
     fn stop_keeper(&self) {
-        if let Some(keeper) = self.keeper.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            keeper.abort();
+        match std::mem::replace(&mut *self.care(), Care::Ended) {
+            Care::Scheduled(due) => self.client.keeper().forget(due),
+            Care::Kept(task) => task.abort(),
+            Care::Ended => {}
         }
     }
 
@@ -122,12 +159,17 @@ impl Hold {
     }
 }
 
-/// Keeps a hold for its lifetime: with the watchdog, renews the lease every third
-/// of it; once the lease is lost, lets the client's next task in line go to Redis
-/// even if this guard lives on. Aborted when the hold is released.
-async fn keep(hold: Weak<Hold>, watchdog_lease: Option<Duration>, max_hold: Option<Duration>) {
+/// Keeps a hold that has lasted: with the watchdog, renews the lease every third of
+/// it; once the lease is lost, lets the client's next task in line go to Redis even
+/// if this guard lives on. Aborted when the hold is released.
+async fn keep(
+    hold: Weak<Hold>,
+    acquired_at: Instant,
+    watchdog_lease: Option<Duration>,
+    max_hold: Option<Duration>,
+) {
     if let Some(lease) = watchdog_lease {
-        renew_while_held(&hold, lease, max_hold).await;
+        renew_while_held(&hold, acquired_at, lease, max_hold).await;
     }
     let Some(hold) = hold.upgrade() else { return };
     until_lost(hold.valid_until.subscribe()).await;
@@ -136,11 +178,16 @@ async fn keep(hold: Weak<Hold>, watchdog_lease: Option<Duration>, max_hold: Opti
 
 /// Renewal errors are retried until the lease has run out; a refusal means the
 /// lock is gone.
-async fn renew_while_held(hold: &Weak<Hold>, lease: Duration, max_hold: Option<Duration>) {
+async fn renew_while_held(
+    hold: &Weak<Hold>,
+    acquired_at: Instant,
+    lease: Duration,
+    max_hold: Option<Duration>,
+) {
     let every = lease / 3;
     let retry_every = (every / 4).max(Duration::from_millis(5));
-    let renew_until = max_hold.map(|max_hold| Instant::now() + max_hold);
-    let mut next = Instant::now() + every;
+    let renew_until = max_hold.map(|max_hold| acquired_at + max_hold);
+    let mut next = acquired_at + every;
     loop {
         if renew_until.is_some_and(|until| next >= until) {
             return;

@@ -39,6 +39,7 @@ mod guard;
 pub mod history;
 #[cfg(any(feature = "axum", feature = "actix"))]
 mod http;
+mod keeper;
 mod key;
 mod options;
 mod waiting;
