@@ -54,7 +54,8 @@ impl ClientConfig {
     }
 }
 
-/// A handle on a lock store: one Redis, or this process's memory.
+/// A handle on where locks live: one Redis, a Sentinel-watched primary, a Cluster,
+/// Redlock masters, or this process's memory.
 ///
 /// Cloning is cheap and clones share the connection, the client's identity and the
 /// record of which task holds what.
