@@ -98,11 +98,16 @@ impl LockClient {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let urls = urls
-            .into_iter()
-            .map(|url| url.as_ref().to_owned())
-            .collect();
-        Self::connect_to(Target::cluster(urls), ClientConfig::default()).await
+        Self::cluster_with(urls, ClientConfig::default()).await
+    }
+
+    /// Like [`cluster`](Self::cluster), with explicit time bounds.
+    pub async fn cluster_with<I>(urls: I, config: ClientConfig) -> Result<LockClient, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        Self::connect_to(Target::cluster(owned(urls)), config).await
     }
 
     /// The primary that the Sentinels at `sentinel_urls` name for `primary_name`,
@@ -113,13 +118,22 @@ impl LockClient {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let urls = sentinel_urls
-            .into_iter()
-            .map(|url| url.as_ref().to_owned())
-            .collect();
-        let target = Target::sentinel(urls, primary_name)
+        Self::sentinel_with(sentinel_urls, primary_name, ClientConfig::default()).await
+    }
+
+    /// Like [`sentinel`](Self::sentinel), with explicit time bounds.
+    pub async fn sentinel_with<I>(
+        sentinel_urls: I,
+        primary_name: &str,
+        config: ClientConfig,
+    ) -> Result<LockClient, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let target = Target::sentinel(owned(sentinel_urls), primary_name)
             .map_err(|source| LockError::Backend { key: None, source })?;
-        Self::connect_to(target, ClientConfig::default()).await
+        Self::connect_to(target, config).await
     }
 
     async fn connect_to(target: Target, config: ClientConfig) -> Result<LockClient, LockError> {
@@ -160,12 +174,8 @@ impl LockClient {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let urls = urls
-            .into_iter()
-            .map(|url| url.as_ref().to_owned())
-            .collect();
         let signals = Arc::new(Signals::default());
-        let redlock = Redlock::connect(urls, &config, signals.clone()).await?;
+        let redlock = Redlock::connect(owned(urls), &config, signals.clone()).await?;
         Ok(Self::with_backend(Backend::new(
             Store::Redlock(redlock),
             signals,
@@ -383,6 +393,16 @@ impl fmt::Debug for LockClient {
             .field("id", &self.shared.id)
             .finish()
     }
+}
+
+fn owned<I>(urls: I) -> Vec<String>
+where
+    I: IntoIterator,
+    I::Item: AsRef<str>,
+{
+    urls.into_iter()
+        .map(|url| url.as_ref().to_owned())
+        .collect()
 }
 
 fn timeout(name: &LockName, attempts: u32, started: Instant) -> LockError {
