@@ -93,8 +93,11 @@ impl Hold {
                 Some(lease) => sent_at + lease / 3,
                 None => valid_until,
             };
-            let scheduled = hold.client.keeper().watch(&hold, due, runtime);
-            *hold.care() = Care::Scheduled(scheduled);
+            // Locked across scheduling, so a keeper that finds the hold due at once
+            // waits to see it scheduled.
+            let mut care = hold.care();
+            *care = Care::Scheduled(hold.client.keeper().watch(&hold, due, runtime));
+            drop(care);
         }
         hold
     }
@@ -130,8 +133,11 @@ impl Hold {
         self.holders.fetch_sub(1, Ordering::Relaxed) == 1
     }
 
+    /// The lease is gone: the guard reports it, and the client's next task in line
+    /// may go to Redis at once.
     fn mark_lost(&self) {
         self.valid_until.send_replace(Instant::now());
+        self.give_up_turn();
     }
 
     fn stop_keeper(&self) {
