@@ -87,7 +87,7 @@ impl Inventory {
 
     #[distributed_lock(client = "self.locks", keys = ["self.shard", "sku"], spin = false)]
     async fn reserve_or_give_up(&self, sku: &str) -> Result<(), LockError> {
-        self.overlap.section(Duration::from_millis(300)).await;
+        self.overlap.section(Duration::from_secs(1)).await;
         Ok(())
     }
 }
@@ -132,8 +132,8 @@ async fn fail_fast_returns_busy_while_the_lock_is_held() {
     let started = Instant::now();
     let busy = inventory.reserve_or_give_up("sku-1").await;
     assert!(
-        started.elapsed() < Duration::from_millis(100),
-        "it failed at once"
+        started.elapsed() < Duration::from_millis(500),
+        "it failed at once instead of waiting out the holder's second"
     );
     match busy {
         Err(LockError::Busy { key }) => assert_eq!(key, "reserve_or_give_up:1:sku-1"),
@@ -268,7 +268,7 @@ async fn a_lost_lease_cancels_the_body_or_lets_it_see_the_loss() {
     );
     assert!(!finished.load(Ordering::SeqCst), "the body was dropped");
     assert!(
-        cancelled_after <= Duration::from_millis(100) + Duration::from_millis(50),
+        cancelled_after <= Duration::from_millis(100) + Duration::from_millis(150),
         "cancelled after {cancelled_after:?}"
     );
 

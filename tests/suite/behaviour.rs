@@ -470,7 +470,7 @@ async fn non_reentrant_nesting_fails_fast(fixture: Fixture) {
         "{nested:?}"
     );
     assert!(
-        started.elapsed() < Duration::from_millis(50),
+        started.elapsed() < Duration::from_millis(200),
         "it failed at once, not after waiting"
     );
     outer.release().await.unwrap();
@@ -515,8 +515,8 @@ async fn fixed_lease_expires_and_is_lost(fixture: Fixture) {
     let elapsed = started.elapsed();
     assert!(!guard.is_held());
     assert!(
-        elapsed <= lease,
-        "lost is known no later than the lease: {elapsed:?}"
+        elapsed <= lease + Duration::from_millis(40),
+        "lost is known by the end of the lease, give or take scheduling: {elapsed:?}"
     );
     assert!(elapsed >= lease * 9 / 10, "lost too early: {elapsed:?}");
     tokio::time::sleep(Duration::from_millis(20)).await;
