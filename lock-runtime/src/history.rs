@@ -109,13 +109,13 @@ impl History {
                         second: later.clone(),
                     });
                 }
-                if let (Some(before), Some(after)) = (earlier.fence, later.fence) {
-                    if after <= before {
-                        return Err(Violation::TokenOrder {
-                            earlier: earlier.clone(),
-                            later: later.clone(),
-                        });
-                    }
+                if let (Some(before), Some(after)) = (earlier.fence, later.fence)
+                    && after <= before
+                {
+                    return Err(Violation::TokenOrder {
+                        earlier: earlier.clone(),
+                        later: later.clone(),
+                    });
                 }
             }
         }

@@ -270,10 +270,10 @@ impl ConnectionLike for SentinelConnection {
 fn on_push(signals: &Signals, push: PushInfo) {
     match push.kind {
         PushKind::Message | PushKind::SMessage => {
-            if let Some(Value::BulkString(channel)) = push.data.first() {
-                if let Ok(channel) = std::str::from_utf8(channel) {
-                    signals.notify(channel);
-                }
+            if let Some(Value::BulkString(channel)) = push.data.first()
+                && let Ok(channel) = std::str::from_utf8(channel)
+            {
+                signals.notify(channel);
             }
         }
         PushKind::Disconnection => signals.notify_all(),
