@@ -136,8 +136,9 @@ impl Hold {
     /// The lease is gone: the guard reports it, and the client's next task in line
     /// may go to Redis at once.
     fn mark_lost(&self) {
-        self.valid_until.send_replace(Instant::now());
+        // The turn first: whoever `lost()` wakes may take the lock again at once.
         self.give_up_turn();
+        self.valid_until.send_replace(Instant::now());
     }
 
     fn stop_keeper(&self) {
