@@ -38,18 +38,25 @@ impl RedisServer {
     }
 
     fn start_as(sentinel_config: Option<String>, args: &[&str]) -> RedisServer {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("lock-tests-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create the server's folder");
-        let mut server = RedisServer {
-            port,
-            dir,
-            args: args.iter().map(|arg| arg.to_string()).collect(),
-            sentinel_config,
-            child: None,
-        };
-        server.restart();
-        server
+        // A port free a moment ago may be taken by now (or, on a Cluster, the bus
+        // port 10000 above it): try another.
+        for _ in 0..5 {
+            let port = free_port();
+            let dir =
+                std::env::temp_dir().join(format!("lock-tests-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("create the server's folder");
+            let mut server = RedisServer {
+                port,
+                dir,
+                args: args.iter().map(|arg| arg.to_string()).collect(),
+                sentinel_config: sentinel_config.clone(),
+                child: None,
+            };
+            if server.launch().is_ok() {
+                return server;
+            }
+        }
+        panic!("redis-server exited at start on 5 different free ports; run it by hand to see why");
     }
 
     /// Freezes the process (`SIGSTOP`): it holds its connections but answers nothing.
@@ -95,6 +102,16 @@ impl RedisServer {
     /// runs), and waits until it answers.
     pub fn restart(&mut self) {
         self.kill();
+        if let Err(status) = self.launch() {
+            panic!(
+                "redis-server on port {} exited at start: {status}",
+                self.port
+            );
+        }
+    }
+
+    /// Starts the process and waits until it answers, or until it exits.
+    fn launch(&mut self) -> Result<(), std::process::ExitStatus> {
         let mut command = Command::new("redis-server");
         if let Some(config) = &self.sentinel_config {
             let file = self.dir.join("sentinel.conf");
@@ -127,7 +144,7 @@ impl RedisServer {
             Err(error) => panic!("could not start redis-server: {error}"),
         };
         self.child = Some(child);
-        self.wait_until_ready();
+        self.wait_until_ready()
     }
 
     /// Stops the server from serving clients for `pause` (`CLIENT PAUSE ALL`).
@@ -161,24 +178,22 @@ impl RedisServer {
             .map_or(0, |calls| calls.parse().expect("a call count"))
     }
 
-    fn wait_until_ready(&mut self) {
+    fn wait_until_ready(&mut self) -> Result<(), std::process::ExitStatus> {
         let started = Instant::now();
         loop {
             let ping = redis::Client::open(self.url())
                 .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(200)))
                 .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection));
             if ping.is_ok() {
-                return;
+                return Ok(());
             }
             if let Some(status) = self
                 .child
                 .as_mut()
                 .and_then(|child| child.try_wait().ok().flatten())
             {
-                panic!(
-                    "redis-server on port {} exited at start: {status}",
-                    self.port
-                );
+                self.child = None;
+                return Err(status);
             }
             assert!(
                 started.elapsed() < Duration::from_secs(10),
