@@ -50,7 +50,9 @@ async fn tasks_of_one_client_queue_locally_in_order() {
     let mut waiters = Vec::new();
     for task in 0..10 {
         let (client, order) = (client.clone(), order.clone());
+        let (started, started_rx) = tokio::sync::oneshot::channel();
         waiters.push(tokio::spawn(async move {
+            let _ = started.send(());
             let guard = client
                 .acquire("printer", &patient(Duration::from_millis(50)))
                 .await
@@ -58,7 +60,9 @@ async fn tasks_of_one_client_queue_locally_in_order() {
             order.lock().unwrap().push(task);
             guard.release().await.unwrap();
         }));
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        // Queued in this order: each task is in line before the next one starts.
+        started_rx.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let trips_before = redis.calls("evalsha");
     tokio::time::sleep(Duration::from_millis(300)).await;
