@@ -56,9 +56,12 @@ enum Care {
 
 /// Redis measures a lease on its own clock; allow for the two clocks running at
 /// slightly different rates, as Redlock does.
+pub(crate) fn clock_drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
 fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
-    let drift = lease / 100 + Duration::from_millis(2);
-    sent_at + lease.saturating_sub(drift)
+    sent_at + lease.saturating_sub(clock_drift(lease))
 }
 
 impl Hold {

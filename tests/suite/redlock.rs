@@ -132,3 +132,17 @@ async fn the_watchdog_reports_the_loss_when_a_majority_refuses_renewal() {
         "noticed after {noticed:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_gathered_after_the_lease_is_over_grants_nothing() {
+    let masters = masters(&[]);
+    let client = redlock(&masters).await;
+    // 2 ms cannot outlast the drift allowance (1% + 2 ms), whatever the network.
+    let expired = LockOptions::new()
+        .lease(Duration::from_millis(2))
+        .spin(false);
+    let result = client.acquire("flash", &expired).await;
+    assert!(matches!(result, Err(LockError::Busy { .. })), "{result:?}");
+    let fine = client.acquire("flash", &LockOptions::new()).await.unwrap();
+    assert!(fine.is_held());
+}

@@ -3,9 +3,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use super::signals::Signals;
 use super::{Attempt, RedisNode, Release, Target};
+use crate::guard::clock_drift;
 use crate::key::LockName;
 use crate::{ClientConfig, LockError};
 
@@ -80,6 +82,7 @@ impl Redlock {
         lease: Duration,
         fencing: bool,
     ) -> Result<Attempt, LockError> {
+        let started = Instant::now();
         let answers = self
             .on_every_node(name, owner, move |node, name, owner| async move {
                 node.acquire(&name, &owner, lease, fencing).await
@@ -96,7 +99,9 @@ impl Redlock {
                 _ => None,
             })
             .collect();
-        if granted >= self.quorum() {
+        // A majority that took longer to gather than the lease lasts grants nothing.
+        let still_valid = started.elapsed() + clock_drift(lease) < lease;
+        if granted >= self.quorum() && still_valid {
             let fence = match fencing {
                 true => Some(self.settle_fence(name, &answers).await),
                 false => None,
