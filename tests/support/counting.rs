@@ -2,9 +2,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+
+use crate::proxy::relay;
 
 /// A loopback TCP proxy in front of a Redis server that counts the top-level
 /// commands clients send through it, by name. Commands run inside scripts never
@@ -66,24 +68,15 @@ impl CountingProxy {
         let port = listener.local_addr().expect("proxy address").port();
         let counts = Arc::new(Mutex::new(CommandCounts::default()));
         let counting = counts.clone();
-        let accepting = tokio::spawn(async move {
-            let mut connections = Vec::new();
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target_port)).await else {
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (client_read, client_write) = client.into_split();
-                let (server_read, server_write) = server.into_split();
-                connections.retain(|task: &JoinHandle<()>| !task.is_finished());
-                connections.push(tokio::spawn(count_requests(
-                    client_read,
-                    server_write,
-                    counting.clone(),
-                )));
-                connections.push(tokio::spawn(forward(server_read, client_write)));
-            }
+        let mut connections: Vec<JoinHandle<()>> = Vec::new();
+        let accepting = relay(listener, target_port, move |to_server, to_client| {
+            connections.retain(|task| !task.is_finished());
+            connections.push(tokio::spawn(count_requests(
+                to_server.0,
+                to_server.1,
+                counting.clone(),
+            )));
+            connections.push(tokio::spawn(forward(to_client.0, to_client.1)));
         });
         CountingProxy {
             port,

@@ -1,4 +1,5 @@
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -29,18 +30,9 @@ impl TcpProxy {
         let port = listener.local_addr().expect("proxy address").port();
         let (state, _) = watch::channel(Flow::default());
         let flows = state.clone();
-        let accepting = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target_port)).await else {
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (client_read, client_write) = client.into_split();
-                let (server_read, server_write) = server.into_split();
-                tokio::spawn(pipe(client_read, server_write, flows.subscribe()));
-                tokio::spawn(pipe(server_read, client_write, flows.subscribe()));
-            }
+        let accepting = relay(listener, target_port, move |to_server, to_client| {
+            tokio::spawn(pipe(to_server.0, to_server.1, flows.subscribe()));
+            tokio::spawn(pipe(to_client.0, to_client.1, flows.subscribe()));
         });
         TcpProxy {
             port,
@@ -77,11 +69,31 @@ impl Drop for TcpProxy {
     }
 }
 
-async fn pipe(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut flow: watch::Receiver<Flow>,
-) {
+/// One direction of a proxied connection: what to read, and where to write it.
+pub(crate) type Direction = (OwnedReadHalf, OwnedWriteHalf);
+
+/// Accepts connections on `listener`, connects each to `127.0.0.1:<target_port>`, and
+/// hands `forward` the client-to-server and server-to-client directions.
+pub(crate) fn relay(
+    listener: TcpListener,
+    target_port: u16,
+    mut forward: impl FnMut(Direction, Direction) + Send + 'static,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", target_port)).await else {
+                continue;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            forward((client_read, server_write), (server_read, client_write));
+        }
+    })
+}
+
+async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut flow: watch::Receiver<Flow>) {
     let born_after = flow.borrow_and_update().cuts;
     let is_cut = |state: Flow| state.cuts > born_after;
     let mut buffer = vec![0; 16 * 1024];

@@ -59,28 +59,6 @@ impl RedisServer {
         panic!("redis-server exited at start on 5 different free ports; run it by hand to see why");
     }
 
-    /// Freezes the process (`SIGSTOP`): it holds its connections but answers nothing.
-    pub fn freeze(&self) {
-        self.signal("-STOP");
-    }
-
-    /// Lets a frozen process run again (`SIGCONT`).
-    pub fn thaw(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let child = self.child.as_ref().expect("the server runs");
-        let sent = Command::new("kill")
-            .arg(signal)
-            .arg(child.id().to_string())
-            .status();
-        assert!(
-            sent.is_ok_and(|status| status.success()),
-            "kill {signal} failed"
-        );
-    }
-
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
