@@ -231,7 +231,7 @@ fn prefix(name: &str, expr: &Expr) -> syn::Result<LitStr> {
     if lit.value().is_empty() {
         return Err(syn::Error::new_spanned(
             lit,
-            "`prefix` must not be empty; drop it to use the fn's name",
+            "`prefix` must not be empty; drop it to use the fn's module path and name",
         ));
     }
     Ok(lit)

@@ -69,9 +69,14 @@ pub(crate) fn expand(options: &Options, function: ItemFn) -> TokenStream {
         None => or_return(quote!(#private::default_client())),
     };
 
+    // By default the fn's module path and name, so that two fns named alike in two
+    // modules never share a lock.
     let prefix = match &options.prefix {
-        Some(prefix) => prefix.value.clone(),
-        None => LitStr::new(&sig.ident.unraw().to_string(), sig.ident.span()),
+        Some(prefix) => prefix.value.to_token_stream(),
+        None => {
+            let name = LitStr::new(&sig.ident.unraw().to_string(), sig.ident.span());
+            quote!(::core::concat!(::core::module_path!(), "::", #name))
+        }
     };
     // The cast, spanned at the key's literal, is the one place a value that is not
     // `Display` is reported.

@@ -45,7 +45,11 @@ use syn::ItemFn;
 ///
 /// ## `prefix = "name"`
 ///
-/// The first part of the key. Defaults to the fn's name.
+/// The first part of the key, taken as written: `prefix = "tenant:order"` with a key
+/// of `42` names the same lock as `LockKey::new("tenant:order").part(42)` and the
+/// plain key `"tenant:order:42"`. Defaults to the fn's module path and name
+/// (`my_crate::orders::cancel`), so two fns named alike in two modules never share
+/// a lock.
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};

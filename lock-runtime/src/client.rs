@@ -1,19 +1,13 @@
-use std::collections::HashMap;
-use std::fmt::{self, Write};
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::backend::{Attempt, Backend, MemoryStore, RedisNode, Redlock, Signals, Store, Target};
-use crate::guard::{Hold, LockGuard};
-use crate::keeper::Keeper;
-use crate::key::LockName;
+use crate::acquire::Acquirer;
+use crate::backend::{Backend, MemoryStore, RedisNode, Redlock, Signals, Store, Target};
 use crate::options::Plan;
-use crate::waiting::{Queues, Turn, wait_for_release};
-use crate::{LockError, LockOptions};
+use crate::{LockError, LockGuard, LockOptions};
 
 /// How a client talks to Redis: the bounds on connecting and on each call.
 ///
@@ -57,23 +51,29 @@ impl ClientConfig {
 /// A handle on where locks live: one Redis, a Sentinel-watched primary, a Cluster,
 /// Redlock masters, or this process's memory.
 ///
-/// Cloning is cheap and clones share the connection, the client's identity and the
-/// record of which task holds what.
+/// Cloning is cheap, and clones are one client: they share its connections, its
+/// identity and its local queue. [`peer`](Self::peer) makes another client on the
+/// same store.
 #[derive(Clone)]
 pub struct LockClient {
-    shared: Arc<Shared>,
+    acquirer: Arc<Acquirer>,
 }
 
-pub(crate) struct Shared {
-    pub(crate) backend: Backend,
-    /// Random per client; an owner is this id plus the holding task.
-    id: String,
-    /// The holds of this client's tasks, so a task that holds a key re-enters it
-    /// without a round trip.
-    holds: Mutex<HashMap<String, Vec<Weak<Hold>>>>,
-    /// The tasks of this client waiting for each key, in line.
-    pub(crate) queues: Queues,
-    keeper: Arc<Keeper>,
+static DEFAULT_CLIENT: RwLock<Option<LockClient>> = RwLock::new(None);
+
+/// Sets the client that `#[distributed_lock]` uses when no `client = "..."` is given.
+/// A later call replaces it.
+pub fn set_default_client(client: LockClient) {
+    *DEFAULT_CLIENT.write().unwrap_or_else(|p| p.into_inner()) = Some(client);
+}
+
+/// The client set by [`set_default_client`], or `NoDefaultClient`.
+pub fn default_client() -> Result<LockClient, LockError> {
+    DEFAULT_CLIENT
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .ok_or(LockError::NoDefaultClient)
 }
 
 impl LockClient {
@@ -146,7 +146,8 @@ impl LockClient {
     }
 
     /// Locks kept in this process's memory, with the same semantics as Redis. For
-    /// tests and single-process demos: other processes do not see these locks.
+    /// tests and single-process demos: other processes do not see these locks. Each
+    /// call makes a store of its own; [`peer`](Self::peer) adds clients to it.
     pub fn memory() -> LockClient {
         let signals = Arc::new(Signals::default());
         let store = MemoryStore::new(signals.clone());
@@ -182,23 +183,44 @@ impl LockClient {
         )))
     }
 
-    fn with_backend(backend: Backend) -> LockClient {
+    fn with_backend(backend: Arc<Backend>) -> LockClient {
         LockClient {
-            shared: Arc::new(Shared {
-                backend,
-                id: uuid::Uuid::new_v4().simple().to_string(),
-                holds: Mutex::default(),
-                queues: Queues::default(),
-                keeper: Arc::default(),
-            }),
+            acquirer: Arc::new(Acquirer::new(backend)),
+        }
+    }
+
+    /// Another client on the same store and connections, with an identity, a local
+    /// queue and holds of its own: to the locks, it is another process. With
+    /// [`memory`](Self::memory), this is how two clients share one store.
+    ///
+    /// ```
+    /// use lock_runtime::{LockClient, LockOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let here = LockClient::memory();
+    /// let there = here.peer();
+    /// let guard = here.acquire("report", &LockOptions::new()).await?;
+    /// assert!(there.try_acquire("report", &LockOptions::new()).await?.is_none());
+    /// guard.release().await
+    /// # }
+    /// ```
+    pub fn peer(&self) -> LockClient {
+        LockClient {
+            acquirer: Arc::new(self.acquirer.peer()),
         }
     }
 
     /// Takes the lock on `key`, waiting as `options` say.
     ///
+    /// Inside a hold of `key` on this client (the body of `#[distributed_lock]`, or
+    /// [`LockGuard::scope`]) this re-enters it with no round trip. Anywhere else,
+    /// sibling futures of the holder included, it waits for the hold to end.
+    ///
     /// Fails with `Busy` when `spin(false)` and the lock is held, `Timeout` when it
-    /// stays held through every attempt, `Backend` when Redis does not answer within
-    /// the client's bound.
+    /// stays held through every attempt or the time budget, `Backend` when Redis
+    /// does not answer within the client's bound. Dropping the future at any await
+    /// leaves no lock behind.
     pub async fn acquire(&self, key: &str, options: &LockOptions) -> Result<LockGuard, LockError> {
         let plan = options.plan(key)?;
         self.acquire_planned(key, plan).await
@@ -227,170 +249,22 @@ impl LockClient {
         key: &'a str,
         plan: Plan,
     ) -> Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send + 'a>> {
-        Box::pin(self.wait_and_acquire(key, plan))
+        Box::pin(self.acquirer.acquire(key, plan))
     }
 
-    async fn wait_and_acquire(&self, key: &str, plan: Plan) -> Result<LockGuard, LockError> {
-        let name = Arc::new(LockName::new(key)?);
-        let owner = self.owner();
-        if let Some(guard) = self.reenter(&owner, &name, &plan)? {
-            return Ok(guard);
-        }
-        let started = Instant::now();
-        let turn = if plan.spin {
-            let in_line = self.shared.queues.wait_turn(self, &name);
-            match tokio::time::timeout(plan.patience(), in_line).await {
-                Ok(turn) => turn,
-                Err(_) => return Err(timeout(&name, 0, started)),
-            }
-        } else {
-            let turn = self.shared.queues.try_turn(self, &name);
-            turn.ok_or_else(|| LockError::Busy {
-                key: name.key.clone(),
-            })?
-        };
-        let deadline = plan.timeout.map(|timeout| started + timeout);
-        let mut releases = turn.subscribed();
-        let mut retries_left = plan.retries;
-        let mut attempts = 0;
-        loop {
-            if let Some(releases) = &mut releases {
-                releases.mark_unchanged();
-            }
-            let sent_at = Instant::now();
-            attempts += 1;
-            let attempt = self
-                .shared
-                .backend
-                .acquire(&name, &owner, plan.lease, plan.fencing)
-                .await?;
-            let retry_in = match attempt {
-                Attempt::Granted { fence } => {
-                    return Ok(self.hold(name, owner, plan, fence, sent_at, turn));
-                }
-                Attempt::Busy { retry_in, .. } => retry_in,
-            };
-            if !plan.spin {
-                return Err(LockError::Busy {
-                    key: name.key.clone(),
-                });
-            }
-            if retries_left == Some(0)
-                || deadline.is_some_and(|deadline| Instant::now() >= deadline)
-            {
-                return Err(timeout(&name, attempts, started));
-            }
-            if releases.is_none() {
-                releases = turn.releases().await;
-            }
-            let mut pause = plan.retry_wait;
-            if let Some(retry_in) = retry_in {
-                pause = pause.min(retry_in);
-            }
-            if let Some(deadline) = deadline {
-                pause = pause.min(deadline.saturating_duration_since(Instant::now()));
-            }
-            // Waking to a release and losing the race for it does not use up a retry.
-            if !wait_for_release(releases.as_mut(), pause).await {
-                retries_left = retries_left.map(|left| left - 1);
-            }
-        }
-    }
-
-    /// A task that already holds the key takes it again without asking Redis.
-    fn reenter(
-        &self,
-        owner: &str,
-        name: &LockName,
-        plan: &Plan,
-    ) -> Result<Option<LockGuard>, LockError> {
-        let holds = self.holds();
-        let task_holds = holds.get(&name.hash).into_iter().flatten();
-        let Some(hold) = task_holds
-            .filter_map(Weak::upgrade)
-            .find(|hold| hold.owner == owner)
-        else {
-            return Ok(None);
-        };
-        if !hold.is_held() {
-            return Ok(None);
-        }
-        if !plan.reentrant {
-            return Err(LockError::Reentered {
-                key: name.key.clone(),
-            });
-        }
-        hold.enter();
-        Ok(Some(LockGuard::new(hold)))
-    }
-
-    fn hold(
-        &self,
-        name: Arc<LockName>,
-        owner: String,
-        plan: Plan,
-        fence: Option<u64>,
-        sent_at: Instant,
-        turn: Turn,
-    ) -> LockGuard {
-        let hold = Hold::start(self.clone(), name, owner, &plan, fence, sent_at, turn);
-        let mut holds = self.holds();
-        let key_holds = holds.entry(hold.name.hash.clone()).or_default();
-        // A lost hold of this task may linger; the newest comes first.
-        key_holds.insert(0, Arc::downgrade(&hold));
-        LockGuard::new(hold)
-    }
-
-    /// Ends one of the task's holds of `hold`: true when it was the outermost, and
-    /// the lock must now be released. Leaving and re-entering never interleave.
-    pub(crate) fn leave(&self, hold: &Arc<Hold>) -> bool {
-        let mut holds = self.holds();
-        if !hold.leave() {
-            return false;
-        }
-        if let Some(key_holds) = holds.get_mut(&hold.name.hash) {
-            key_holds.retain(|other| !std::ptr::eq(other.as_ptr(), Arc::as_ptr(hold)));
-            if key_holds.is_empty() {
-                holds.remove(&hold.name.hash);
-            }
-        }
-        true
-    }
-
-    /// This client's id and the calling task: who holds what this task takes.
-    fn owner(&self) -> String {
-        let mut owner = String::with_capacity(self.shared.id.len() + 24);
-        owner.push_str(&self.shared.id);
-        owner.push(':');
-        write_task_scope(&mut owner);
-        owner
-    }
-
-    pub(crate) fn backend(&self) -> &Backend {
-        &self.shared.backend
-    }
-
-    pub(crate) fn keeper(&self) -> &Arc<Keeper> {
-        &self.shared.keeper
-    }
-
-    pub(crate) fn shared(&self) -> &Shared {
-        &self.shared
-    }
-
-    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Weak<Hold>>>> {
-        self.shared
-            .holds
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// Waits until the releases and cleanups running in the background are done:
+    /// those of dropped guards and of cancelled acquires. Call it when shutting down
+    /// gracefully, after the work that holds locks has ended, so that no key stays
+    /// locked for a lease.
+    pub async fn shutdown(&self) {
+        self.acquirer.settled().await
     }
 }
 
 impl fmt::Debug for LockClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockClient")
-            .field("backend", &self.shared.backend.kind())
-            .field("id", &self.shared.id)
+            .field("backend", &self.acquirer.backend().kind())
             .finish()
     }
 }
@@ -403,21 +277,4 @@ where
     urls.into_iter()
         .map(|url| url.as_ref().to_owned())
         .collect()
-}
-
-fn timeout(name: &LockName, attempts: u32, started: Instant) -> LockError {
-    LockError::Timeout {
-        key: name.key.clone(),
-        attempts,
-        waited: started.elapsed(),
-    }
-}
-
-/// The owner scope of the calling code: the tokio task, or the thread when the code
-/// runs outside any task (as in `block_on`).
-fn write_task_scope(owner: &mut String) {
-    let _ = match tokio::task::try_id() {
-        Some(task) => write!(owner, "task-{task}"),
-        None => write!(owner, "thread-{:?}", std::thread::current().id()),
-    };
 }

@@ -13,7 +13,7 @@ use redis::aio::ConnectionLike;
 use crate::LockError;
 
 static FENCED_SET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/fenced_set.lua")));
+    LazyLock::new(|| Script::new(include_str!("backend/scripts/fenced_set.lua")));
 
 /// Writes `value` to the Redis hash `key` (fields `value` and `fence`), unless a write
 /// with a larger fencing token got there first. Returns whether it wrote.

@@ -12,6 +12,12 @@ pub const DEFAULT_RETRY_WAIT: Duration = Duration::from_millis(50);
 /// The longest lease accepted: Redis rejects expiry times past `i64::MAX` ms.
 pub const MAX_LEASE: Duration = Duration::from_millis(1 << 52);
 
+/// Redis measures a lease on its own clock; allow for the two clocks running at
+/// slightly different rates, as Redlock does.
+pub(crate) fn clock_drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
 /// How to take a lock: lease, waiting, re-entry and fencing.
 ///
 /// ```
@@ -86,8 +92,9 @@ impl LockOptions {
 
     /// How many times to wait a full pause (`retry_wait`, or less when the holder's
     /// lease ends sooner) and try again before giving up with `Timeout`. Waking early
-    /// to a release and losing the race for it does not use up a retry. A task of
-    /// this client queued behind another waits as long as its retries would take.
+    /// to a release and losing the race for it does not use up a retry, but all the
+    /// waiting together, in this client's queue and at Redis, stays within about
+    /// `retries` x `retry_wait`.
     pub fn retries(mut self, retries: u32) -> Self {
         self.retries = Some(retries);
         self
@@ -106,8 +113,10 @@ impl LockOptions {
         self
     }
 
-    /// Let a task that holds the key take it again (the default) instead of failing
-    /// with `Reentered`.
+    /// Let code running inside a hold of the key (the body of `#[distributed_lock]`,
+    /// or [`LockGuard::scope`](crate::LockGuard::scope)) take it again without a round
+    /// trip (the default), instead of failing with `Reentered`. Re-entry is lexical:
+    /// other tasks, and sibling futures of the holder, wait like any other owner.
     pub fn reentrant(mut self, reentrant: bool) -> Self {
         self.reentrant = reentrant;
         self
@@ -202,12 +211,18 @@ impl fmt::Debug for LockOptions {
 }
 
 impl Plan {
-    /// The longest a task waits in its client's queue for a key: the timeout, or
-    /// as long as its retries would take at full pauses.
+    /// The longest an acquire may wait, in its client's queue and at Redis together:
+    /// the timeout, or about as long as its retries would take at full pauses
+    /// (one pause to spare, so that counting attempts ends first when nothing wakes
+    /// the waiter early), whichever is shorter.
     pub(crate) fn patience(&self) -> Duration {
-        match (self.timeout, self.retries) {
-            (Some(timeout), _) => timeout,
-            (None, Some(retries)) => self.retry_wait.saturating_mul(retries.saturating_add(1)),
+        let by_retries = self
+            .retries
+            .map(|retries| self.retry_wait.saturating_mul(retries.saturating_add(2)));
+        match (self.timeout, by_retries) {
+            (Some(timeout), Some(by_retries)) => timeout.min(by_retries),
+            (Some(timeout), None) => timeout,
+            (None, Some(by_retries)) => by_retries,
             (None, None) => unreachable!("a plan without a timeout has retries"),
         }
     }

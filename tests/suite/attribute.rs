@@ -136,7 +136,9 @@ async fn fail_fast_returns_busy_while_the_lock_is_held() {
         "it failed at once instead of waiting out the holder's second"
     );
     match busy {
-        Err(LockError::Busy { key }) => assert_eq!(key, "reserve_or_give_up:1:sku-1"),
+        Err(LockError::Busy { key }) => {
+            assert_eq!(key, "suite::attribute::reserve_or_give_up:1:sku-1")
+        }
         other => panic!("expected Busy, got {other:?}"),
     }
     holder.await.unwrap().unwrap();
@@ -279,4 +281,94 @@ async fn a_lost_lease_cancels_the_body_or_lets_it_see_the_loss() {
         "the body ran on and saw the loss"
     );
     deleting.await.unwrap();
+}
+
+/// Two fns named alike in two modules: by default, two locks.
+mod orders {
+    use super::*;
+
+    #[distributed_lock(client = "locks", spin = false)]
+    pub(super) async fn cancel(locks: &LockClient, busy_for: Duration) -> Result<(), LockError> {
+        tokio::time::sleep(busy_for).await;
+        Ok(())
+    }
+}
+
+mod payments {
+    use super::*;
+
+    #[distributed_lock(client = "locks", spin = false)]
+    pub(super) async fn cancel(locks: &LockClient, busy_for: Duration) -> Result<(), LockError> {
+        tokio::time::sleep(busy_for).await;
+        Ok(())
+    }
+}
+
+#[distributed_lock(client = "locks", prefix = "tenant:order", keys = "id", spin = false)]
+async fn tenant_order(locks: &LockClient, id: u64) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_prefix_is_the_module_path_and_a_prefix_is_taken_as_written() {
+    let redis = RedisServer::start();
+    let here = LockClient::connect(&redis.url()).await.unwrap();
+    let there = LockClient::connect(&redis.url()).await.unwrap();
+
+    let order_cancel = tokio::spawn({
+        let here = here.clone();
+        async move { orders::cancel(&here, Duration::from_millis(500)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    payments::cancel(&there, Duration::ZERO)
+        .await
+        .expect("payments::cancel takes a lock of its own");
+    let busy = orders::cancel(&there, Duration::ZERO).await;
+    match busy {
+        Err(LockError::Busy { key }) => assert_eq!(key, "suite::attribute::orders::cancel"),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    order_cancel.await.unwrap().unwrap();
+
+    let by_hand = there
+        .acquire("tenant:order:42", &lock_runtime::LockOptions::new())
+        .await
+        .unwrap();
+    let busy = tenant_order(&here, 42).await;
+    assert!(
+        matches!(busy, Err(LockError::Busy { ref key }) if key == "tenant:order:42"),
+        "{busy:?}"
+    );
+    by_hand.release().await.unwrap();
+    tenant_order(&here, 42).await.unwrap();
+}
+
+#[distributed_lock(client = "locks", prefix = "pair", keys = "id", timeout_ms = 5_000)]
+async fn both_halves(locks: &LockClient, id: u32, overlap: &Overlap) -> Result<(), LockError> {
+    let (first, second) = tokio::join!(half(locks, id, overlap), half(locks, id, overlap));
+    first.and(second)
+}
+
+#[distributed_lock(client = "locks", prefix = "pair", keys = "id", timeout_ms = 5_000)]
+async fn half(locks: &LockClient, id: u32, overlap: &Overlap) -> Result<(), LockError> {
+    overlap.section(Duration::from_millis(50)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sections_joined_in_one_body_take_turns() {
+    let redis = RedisServer::start();
+    let locks = LockClient::connect(&redis.url()).await.unwrap();
+    let overlap = Overlap::default();
+    let trips = redis.calls("evalsha");
+    tokio::time::timeout(Duration::from_secs(5), both_halves(&locks, 3, &overlap))
+        .await
+        .expect("no deadlock")
+        .unwrap();
+    assert_eq!(overlap.most(), 1, "the two halves ran at once");
+    assert_eq!(
+        redis.calls("evalsha") - trips,
+        2,
+        "the halves re-entered the body's lock"
+    );
 }

@@ -8,6 +8,7 @@ mod crash;
 mod http;
 mod lease;
 mod outage;
+mod ownership;
 mod redlock;
 mod sentinel;
 mod waiting;

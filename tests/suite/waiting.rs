@@ -95,10 +95,8 @@ async fn a_lost_notification_costs_at_most_one_pause() {
         .unwrap();
     let retry_wait = Duration::from_millis(400);
     let waiting = tokio::spawn(async move {
-        waiter
-            .acquire("locker-7", &patient(retry_wait))
-            .await
-            .unwrap();
+        let guard = waiter.acquire("locker-7", &patient(retry_wait)).await;
+        guard.unwrap().release().await.unwrap();
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(

@@ -4,12 +4,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::Attempt;
 use super::signals::Signals;
-use super::{Attempt, Release};
 use crate::key::LockName;
 
 /// Locks in this process's memory, with the same semantics as the Redis scripts:
-/// leases expire, only the owner releases or renews, fencing counters only grow.
+/// leases expire, only the acquisition's token releases or renews, fencing counters
+/// only grow.
 pub(crate) struct MemoryStore {
     state: Mutex<State>,
     signals: Arc<Signals>,
@@ -17,13 +18,12 @@ pub(crate) struct MemoryStore {
 
 #[derive(Default)]
 struct State {
-    locks: HashMap<String, Hold>,
+    locks: HashMap<String, Held>,
     fences: HashMap<String, u64>,
 }
 
-struct Hold {
-    owner: String,
-    count: u64,
+struct Held {
+    token: String,
     expires_at: Instant,
 }
 
@@ -38,71 +38,55 @@ impl MemoryStore {
     pub(crate) fn acquire(
         &self,
         name: &LockName,
-        owner: &str,
+        token: &str,
         lease: Duration,
         fencing: bool,
     ) -> Attempt {
         let now = Instant::now();
         let mut state = self.state();
         let State { locks, fences } = &mut *state;
-        match locks.get_mut(&name.hash) {
-            Some(hold) if hold.expires_at > now && hold.owner != owner => Attempt::Busy {
-                retry_in: Some(hold.expires_at - now),
+        if let Some(held) = locks.get(&name.hash).filter(|held| held.expires_at > now) {
+            return Attempt::Busy {
+                retry_in: Some(held.expires_at - now),
                 fence: fencing.then(|| fences.get(&name.fence).copied().unwrap_or(0)),
-            },
-            Some(hold) if hold.expires_at > now => {
-                hold.count += 1;
-                hold.expires_at = now + lease;
-                Attempt::Granted {
-                    fence: fencing.then(|| fences.get(&name.fence).copied().unwrap_or(0)),
-                }
-            }
-            _ => {
-                let hold = Hold {
-                    owner: owner.to_owned(),
-                    count: 1,
-                    expires_at: now + lease,
-                };
-                locks.insert(name.hash.clone(), hold);
-                Attempt::Granted {
-                    fence: fencing.then(|| {
-                        let counter = fences.entry(name.fence.clone()).or_insert(0);
-                        *counter += 1;
-                        *counter
-                    }),
-                }
-            }
+            };
+        }
+        let held = Held {
+            token: token.to_owned(),
+            expires_at: now + lease,
+        };
+        locks.insert(name.hash.clone(), held);
+        Attempt::Granted {
+            fence: fencing.then(|| {
+                let counter = fences.entry(name.fence.clone()).or_insert(0);
+                *counter += 1;
+                *counter
+            }),
         }
     }
 
-    pub(crate) fn release(&self, name: &LockName, owner: &str) -> Release {
+    pub(crate) fn release(&self, name: &LockName, token: &str) -> bool {
         let now = Instant::now();
         let mut state = self.state();
-        let Some(hold) = state.locks.get_mut(&name.hash) else {
-            return Release::NotHeld;
+        let Some(held) = state.locks.get(&name.hash) else {
+            return false;
         };
-        if hold.expires_at <= now {
+        let ours = held.token == token && held.expires_at > now;
+        if ours || held.expires_at <= now {
             state.locks.remove(&name.hash);
-            return Release::NotHeld;
         }
-        if hold.owner != owner {
-            return Release::NotHeld;
-        }
-        hold.count -= 1;
-        if hold.count > 0 {
-            return Release::StillHeld;
-        }
-        state.locks.remove(&name.hash);
         drop(state);
-        self.signals.notify(&name.channel);
-        Release::Freed
+        if ours {
+            self.signals.notify(&name.channel);
+        }
+        ours
     }
 
-    pub(crate) fn renew(&self, name: &LockName, owner: &str, lease: Duration) -> bool {
+    pub(crate) fn renew(&self, name: &LockName, token: &str, lease: Duration) -> bool {
         let now = Instant::now();
         match self.state().locks.get_mut(&name.hash) {
-            Some(hold) if hold.owner == owner && hold.expires_at > now => {
-                hold.expires_at = now + lease;
+            Some(held) if held.token == token && held.expires_at > now => {
+                held.expires_at = now + lease;
                 true
             }
             _ => false,

@@ -7,18 +7,17 @@ use tokio::sync::OnceCell;
 
 use super::connection::{Connection, Target};
 use super::signals::Signals;
-use super::{Attempt, Release, lease_ms};
+use super::{Attempt, lease_ms};
 use crate::key::LockName;
 use crate::{ClientConfig, LockError};
 
 static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
+    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
 static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
-static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
+    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
 static RAISE_FENCE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/raise_fence.lua")));
+    LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
 
 /// The Redis that holds the locks (one server, a Cluster, or Sentinel's primary),
 /// reconnecting on its own. Every call is one round trip (`EVALSHA`; a script is
@@ -87,14 +86,14 @@ impl RedisNode {
     pub(crate) async fn acquire(
         &self,
         name: &LockName,
-        owner: &str,
+        token: &str,
         lease: Duration,
         fencing: bool,
     ) -> Result<Attempt, LockError> {
         let mut invocation = ACQUIRE.key(&name.hash);
         invocation
             .key(&name.fence)
-            .arg(owner)
+            .arg(token)
             .arg(lease_ms(lease))
             .arg(if fencing { "1" } else { "0" });
         let mut connection = self.connection.clone();
@@ -121,45 +120,40 @@ impl RedisNode {
         })
     }
 
-    /// `notify` publishes the release to waiters when it frees the lock.
+    /// Frees the lock if `token` holds it; `notify` publishes the release to waiters.
     pub(crate) async fn release(
         &self,
         name: &LockName,
-        owner: &str,
+        token: &str,
         notify: bool,
-    ) -> Result<Release, LockError> {
+    ) -> Result<bool, LockError> {
         let mut invocation = RELEASE.key(&name.hash);
-        invocation.key(&name.channel).arg(owner).arg(if notify {
+        invocation.key(&name.channel).arg(token).arg(if notify {
             self.target.publish_command()
         } else {
             ""
         });
-        let left: i64 = self.invoke_idempotent(name, &invocation).await?;
-        Ok(match left {
-            0 => Release::Freed,
-            n if n > 0 => Release::StillHeld,
-            _ => Release::NotHeld,
-        })
+        let freed: i64 = self.invoke_idempotent(name, &invocation).await?;
+        Ok(freed == 1)
     }
 
     pub(crate) async fn renew(
         &self,
         name: &LockName,
-        owner: &str,
+        token: &str,
         lease: Duration,
     ) -> Result<bool, LockError> {
         let mut invocation = RENEW.key(&name.hash);
-        invocation.arg(owner).arg(lease_ms(lease));
+        invocation.arg(token).arg(lease_ms(lease));
         let renewed: i64 = self.invoke_idempotent(name, &invocation).await?;
         Ok(renewed == 1)
     }
 
-    /// Raises the lock's fencing counter to at least `floor`.
-    pub(crate) async fn raise_fence(&self, name: &LockName, floor: u64) -> Result<(), LockError> {
+    /// Raises the lock's fencing counter to at least `floor`; returns the counter.
+    pub(crate) async fn raise_fence(&self, name: &LockName, floor: u64) -> Result<u64, LockError> {
         let mut invocation = RAISE_FENCE.key(&name.fence);
         invocation.arg(floor);
-        let _raised: i64 = self.invoke_idempotent(name, &invocation).await?;
-        Ok(())
+        self.invoke_idempotent(name, &invocation).await
     }
 
     pub(crate) async fn listen(&self, name: &LockName) -> Result<(), LockError> {

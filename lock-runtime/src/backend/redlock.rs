@@ -6,9 +6,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::signals::Signals;
-use super::{Attempt, RedisNode, Release, Target};
-use crate::guard::clock_drift;
+use super::{Attempt, RedisNode, Target};
 use crate::key::LockName;
+use crate::options::clock_drift;
 use crate::{ClientConfig, LockError};
 
 /// The Redlock algorithm over independent Redis masters: the same scripts run on
@@ -78,14 +78,14 @@ impl Redlock {
     pub(crate) async fn acquire(
         &self,
         name: &LockName,
-        owner: &str,
+        token: &str,
         lease: Duration,
         fencing: bool,
     ) -> Result<Attempt, LockError> {
         let started = Instant::now();
         let answers = self
-            .on_every_node(name, owner, move |node, name, owner| async move {
-                node.acquire(&name, &owner, lease, fencing).await
+            .on_every_node(name, token, move |node, name, token| async move {
+                node.acquire(&name, &token, lease, fencing).await
             })
             .await;
         let granted = answers
@@ -102,14 +102,15 @@ impl Redlock {
         // A majority that took longer to gather than the lease lasts grants nothing.
         let still_valid = started.elapsed() + clock_drift(lease) < lease;
         if granted >= self.quorum() && still_valid {
-            let fence = match fencing {
-                true => Some(self.settle_fence(name, &answers).await),
-                false => None,
-            };
-            return Ok(Attempt::Granted { fence });
+            if !fencing {
+                return Ok(Attempt::Granted { fence: None });
+            }
+            if let Some(fence) = self.settle_fence(name, &answers).await {
+                return Ok(Attempt::Granted { fence: Some(fence) });
+            }
         }
         if granted > 0 {
-            self.undo(name, owner).await;
+            self.undo(name, token).await;
         }
         if granted + busy_for.len() < self.quorum() {
             return Err(LockError::Quorum {
@@ -118,7 +119,7 @@ impl Redlock {
                 needed: self.quorum(),
             });
         }
-        // Held for another owner: look again when the soonest of its leases ends. A
+        // Held by another acquisition: look again when the soonest of its leases ends. A
         // split vote: after a random pause, so the contenders stop colliding.
         let retry_in = match busy_for.iter().min() {
             Some(soonest) if busy_for.len() >= self.quorum() => *soonest,
@@ -131,11 +132,12 @@ impl Redlock {
     }
 
     /// The token is one more than the largest counter any node reported, granting
-    /// or not (a granting node's counter is already its new token), written back to
-    /// the nodes behind. So the token exceeds every earlier one as long as one node
-    /// that saw the earlier token keeps its data and answers.
-    async fn settle_fence(&self, name: &LockName, answers: &[Answer<Attempt>]) -> u64 {
-        let last_issued: Vec<Option<u64>> = answers
+    /// or not (a granting node's counter is already its new token). It is issued only
+    /// once a majority of nodes hold a counter at or above it, the nodes behind
+    /// raised first: any later majority then shares a node that makes the next token
+    /// larger. `None` when too few nodes could be raised.
+    async fn settle_fence(&self, name: &LockName, answers: &[Answer<Attempt>]) -> Option<u64> {
+        let counters: Vec<Option<u64>> = answers
             .iter()
             .map(|answer| match answer {
                 Ok(Attempt::Granted { fence }) | Ok(Attempt::Busy { fence, .. }) => *fence,
@@ -149,25 +151,29 @@ impl Redlock {
                 Ok(Attempt::Busy { fence, .. }) => fence.map(|counter| counter + 1),
                 Err(_) => None,
             })
-            .max()
-            .unwrap_or(0);
+            .max()?;
+        let mut at_or_above = counters.iter().flatten().filter(|&&c| c >= token).count();
         let mut raising = JoinSet::new();
-        for (node, last) in self.nodes.iter().zip(last_issued) {
-            if last.is_some_and(|last| last < token) {
+        for (node, counter) in self.nodes.iter().zip(counters) {
+            if counter.is_some_and(|counter| counter < token) {
                 let (node, name) = (node.clone(), name.clone());
                 raising.spawn(async move { node.raise_fence(&name, token).await });
             }
         }
-        while raising.join_next().await.is_some() {}
-        token
+        while let Some(raised) = raising.join_next().await {
+            if matches!(raised, Ok(Ok(counter)) if counter >= token) {
+                at_or_above += 1;
+            }
+        }
+        (at_or_above >= self.quorum()).then_some(token)
     }
 
     /// Releases whatever part of a failed acquisition was granted, quietly: no waiter
     /// should rush in for a lock that was never held.
-    async fn undo(&self, name: &LockName, owner: &str) {
+    async fn undo(&self, name: &LockName, token: &str) {
         let _ = self
-            .on_every_node(name, owner, |node, name, owner| async move {
-                node.release(&name, &owner, false).await
+            .on_every_node(name, token, |node, name, token| async move {
+                node.release(&name, &token, false).await
             })
             .await;
     }
@@ -175,23 +181,20 @@ impl Redlock {
     pub(crate) async fn release(
         &self,
         name: &LockName,
-        owner: &str,
+        token: &str,
         notify: bool,
-    ) -> Result<Release, LockError> {
+    ) -> Result<bool, LockError> {
         let answers = self
-            .on_every_node(name, owner, move |node, name, owner| async move {
-                node.release(&name, &owner, notify).await
+            .on_every_node(name, token, move |node, name, token| async move {
+                node.release(&name, &token, notify).await
             })
             .await;
-        let freed = answers
-            .iter()
-            .any(|answer| matches!(answer, Ok(Release::Freed | Release::StillHeld)));
-        if freed {
-            return Ok(Release::Freed);
+        if answers.iter().any(|answer| matches!(answer, Ok(true))) {
+            return Ok(true);
         }
         match answers.into_iter().find_map(Result::err) {
             Some(error) => Err(error),
-            None => Ok(Release::NotHeld),
+            None => Ok(false),
         }
     }
 
@@ -200,12 +203,12 @@ impl Redlock {
     pub(crate) async fn renew(
         &self,
         name: &LockName,
-        owner: &str,
+        token: &str,
         lease: Duration,
     ) -> Result<bool, LockError> {
         let answers = self
-            .on_every_node(name, owner, move |node, name, owner| async move {
-                node.renew(&name, &owner, lease).await
+            .on_every_node(name, token, move |node, name, token| async move {
+                node.renew(&name, &token, lease).await
             })
             .await;
         let renewed = answers
@@ -259,7 +262,7 @@ impl Redlock {
     async fn on_every_node<T, F>(
         &self,
         name: &LockName,
-        owner: &str,
+        token: &str,
         call: impl Fn(Arc<RedisNode>, LockName, String) -> F,
     ) -> Vec<Answer<T>>
     where
@@ -268,7 +271,7 @@ impl Redlock {
     {
         let mut calls = JoinSet::new();
         for (index, node) in self.nodes.iter().enumerate() {
-            let call = call(node.clone(), name.clone(), owner.to_owned());
+            let call = call(node.clone(), name.clone(), token.to_owned());
             calls.spawn(async move { (index, call.await) });
         }
         let mut answers: Vec<Option<Answer<T>>> = self.nodes.iter().map(|_| None).collect();

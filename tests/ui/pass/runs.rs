@@ -70,7 +70,7 @@ async fn main() {
     drop(free);
 
     let held = client
-        .acquire("fail_fast:7", &LockOptions::new())
+        .acquire(concat!(module_path!(), "::fail_fast:7"), &LockOptions::new())
         .await
         .unwrap();
     let busy = tokio::spawn({
@@ -81,5 +81,8 @@ async fn main() {
     held.release().await.unwrap();
     fail_fast(&client, 7).await.unwrap();
 
-    assert_eq!(named_after_the_fn().await.unwrap(), "named_after_the_fn");
+    assert_eq!(
+        named_after_the_fn().await.unwrap(),
+        concat!(module_path!(), "::named_after_the_fn")
+    );
 }

@@ -1,7 +1,8 @@
 //! The client's lease keeper: one task that wakes when a hold has lasted long enough
 //! to need looking after (a third of a watchdog lease, or a fixed lease's end), and
-//! only then gives that hold a task of its own. A hold released sooner, as most are,
-//! costs an insert and a remove here, and wakes no thread.
+//! only then gives that hold a task of its own, which renews it (with the watchdog)
+//! and gives up the client's turn once it is lost. A hold released sooner, as most
+//! are, costs an insert and a remove here, and wakes no thread.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +14,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::guard::Hold;
+use super::Hold;
 
 /// How long the keeper sleeps at most while holds are pending, so that a new hold
 /// due later than that needs no wake-up.
@@ -22,10 +23,17 @@ const TICK: Duration = Duration::from_secs(1);
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// An entry in the schedule: when, and a tie-breaker.
-pub(crate) type Due = (Instant, u64);
+pub(super) type Due = (Instant, u64);
+
+/// Who looks after a hold's lease.
+pub(super) enum Care {
+    Scheduled(Due),
+    Kept(JoinHandle<()>),
+    Ended,
+}
 
 #[derive(Default)]
-pub(crate) struct Keeper {
+pub(super) struct Keeper {
     schedule: Mutex<BTreeMap<Due, Weak<Hold>>>,
     entries: AtomicU64,
     /// When the keeper task looks next, in nanoseconds since `EPOCH`; `u64::MAX`
@@ -37,7 +45,7 @@ pub(crate) struct Keeper {
 
 impl Keeper {
     /// Has `hold` looked after from `at` on, by the keeper task on `runtime`.
-    pub(crate) fn watch(self: &Arc<Self>, hold: &Arc<Hold>, at: Instant, runtime: &Handle) -> Due {
+    pub(super) fn watch(self: &Arc<Self>, hold: &Arc<Hold>, at: Instant, runtime: &Handle) -> Due {
         let due = (at, self.entries.fetch_add(1, Ordering::Relaxed));
         self.schedule().insert(due, Arc::downgrade(hold));
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
@@ -52,7 +60,7 @@ impl Keeper {
         due
     }
 
-    pub(crate) fn forget(&self, due: Due) {
+    pub(super) fn forget(&self, due: Due) {
         self.schedule().remove(&due);
     }
 
@@ -87,7 +95,7 @@ async fn look_after(keeper: Weak<Keeper>) {
             schedule.first_key_value().map(|(due, _)| due.0)
         };
         for hold in ready.iter().filter_map(Weak::upgrade) {
-            hold.keep();
+            keep(&hold);
         }
         let wake_at = next.map(|next| next.min(now + TICK));
         this.looks_at
@@ -118,4 +126,56 @@ fn nanos(at: Instant) -> u64 {
         .as_nanos()
         .try_into()
         .unwrap_or(u64::MAX - 1)
+}
+
+/// Gives a hold that has lasted a task of its own, unless it ended meanwhile.
+fn keep(hold: &Arc<Hold>) {
+    let mut care = hold.care();
+    if let Care::Scheduled(_) = &*care {
+        let keeping = keep_until_lost(Arc::downgrade(hold));
+        *care = Care::Kept(hold.runtime.spawn(keeping));
+    }
+}
+
+/// With the watchdog, renews the lease every third of it; once the lease is over,
+/// lets the client's next task in line go to Redis even if the guard lives on.
+/// Aborted when the hold ends.
+async fn keep_until_lost(hold: Weak<Hold>) {
+    renew_while_held(&hold).await;
+    let Some(hold) = hold.upgrade() else { return };
+    hold.lease.ended().await;
+    hold.mark_lost();
+}
+
+/// Renewal errors are retried until the lease has run out; a refusal means the
+/// lock is gone.
+async fn renew_while_held(hold: &Weak<Hold>) {
+    let Some((lease, renew_until, mut next)) = hold.upgrade().and_then(|hold| {
+        let lease = hold.watchdog_lease?;
+        let renew_until = hold.max_hold.map(|max_hold| hold.acquired_at + max_hold);
+        Some((lease, renew_until, hold.acquired_at + lease / 3))
+    }) else {
+        return;
+    };
+    let every = lease / 3;
+    let retry_every = (every / 4).max(Duration::from_millis(5));
+    loop {
+        if renew_until.is_some_and(|until| next >= until) {
+            return;
+        }
+        tokio::time::sleep_until(next).await;
+        let Some(hold) = hold.upgrade() else { return };
+        let sent_at = Instant::now();
+        match hold
+            .holds
+            .backend
+            .renew(&hold.name, &hold.token, lease)
+            .await
+        {
+            Ok(true) if hold.lease.renewed(sent_at, lease) => next = sent_at + every,
+            Ok(_) => return hold.mark_lost(),
+            Err(_) if !hold.is_held() => return hold.mark_lost(),
+            Err(_) => next = Instant::now() + retry_every,
+        }
+    }
 }

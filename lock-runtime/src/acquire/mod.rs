@@ -1,0 +1,142 @@
+//! The way to a hold. An acquire inside a hold of the same key re-enters it;
+//! otherwise it queues behind the client's other tasks for the key, then asks Redis
+//! until it is granted or its time budget runs out.
+
+mod attempts;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::time::Instant;
+
+use crate::LockError;
+use crate::backend::Backend;
+use crate::hold::{Holds, Level, LockGuard};
+use crate::key::LockName;
+use crate::options::Plan;
+use crate::queue::Queues;
+
+/// One client's way of taking locks: its identity, its local lines, its holds.
+pub(crate) struct Acquirer {
+    id: u64,
+    tokens: Tokens,
+    backend: Arc<Backend>,
+    queues: Arc<Queues>,
+    holds: Arc<Holds>,
+}
+
+/// Acquisition tokens: random per client, numbered per attempt, so that no two
+/// attempts anywhere share one.
+struct Tokens {
+    client: String,
+    issued: AtomicU64,
+}
+
+impl Acquirer {
+    pub(crate) fn new(backend: Arc<Backend>) -> Acquirer {
+        static CLIENTS: AtomicU64 = AtomicU64::new(0);
+        let id = CLIENTS.fetch_add(1, Ordering::Relaxed);
+        Acquirer {
+            id,
+            tokens: Tokens {
+                client: uuid::Uuid::new_v4().simple().to_string(),
+                issued: AtomicU64::new(0),
+            },
+            queues: Queues::new(backend.clone()),
+            holds: Holds::new(id, backend.clone()),
+            backend,
+        }
+    }
+
+    /// Another client's way on the same store.
+    pub(crate) fn peer(&self) -> Acquirer {
+        Acquirer::new(self.backend.clone())
+    }
+
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    pub(crate) async fn acquire(&self, key: &str, plan: Plan) -> Result<LockGuard, LockError> {
+        let name = Arc::new(LockName::new(key)?);
+        let started = Instant::now();
+        let deadline = started + plan.patience();
+        if let Some(level) = Level::innermost(self.id, &name.hash) {
+            return reenter(&level, &name, &plan, started, deadline).await;
+        }
+        let place = self.queues.join(&name);
+        let turn = if plan.spin {
+            tokio::time::timeout_at(deadline, place.turn())
+                .await
+                .map_err(|_| timeout(&name, 0, started))?
+        } else {
+            place.try_turn().ok_or_else(|| busy(&name))?
+        };
+        let grant = attempts::until_granted(self, name, turn, &plan, started, deadline).await?;
+        Ok(self.holds.start(grant, &plan))
+    }
+
+    /// Waits for the background releases and cleanups of this client's store.
+    pub(crate) async fn settled(&self) {
+        self.holds.settled().await
+    }
+}
+
+impl Tokens {
+    fn next(&self) -> Arc<str> {
+        let number = self.issued.fetch_add(1, Ordering::Relaxed);
+        format!("{}:{number}", self.client).into()
+    }
+}
+
+/// Takes the turn among the sections that re-enter `level`'s hold. The guard is a
+/// view of that hold: its lease, watchdog and fencing token are the hold's.
+async fn reenter(
+    level: &Level,
+    name: &LockName,
+    plan: &Plan,
+    started: Instant,
+    deadline: Instant,
+) -> Result<LockGuard, LockError> {
+    if !plan.reentrant {
+        return Err(LockError::Reentered {
+            key: name.key.clone(),
+        });
+    }
+    if plan.fencing && level.hold.fence().is_none() {
+        return Err(LockError::InvalidOptions {
+            key: name.key.clone(),
+            reason: "the lock is already held here without a fencing token, so re-entering \
+                     it cannot issue one; ask for fencing where the lock is first taken"
+                .to_owned(),
+        });
+    }
+    let sections = level.sections.clone();
+    let turn = if plan.spin {
+        tokio::time::timeout_at(deadline, sections.lock_owned())
+            .await
+            .map_err(|_| timeout(name, 0, started))?
+    } else {
+        sections.try_lock_owned().map_err(|_| busy(name))?
+    };
+    if !level.hold.is_held() {
+        return Err(LockError::Lost {
+            key: name.key.clone(),
+        });
+    }
+    Ok(LockGuard::view(level.hold.clone(), turn))
+}
+
+fn busy(name: &LockName) -> LockError {
+    LockError::Busy {
+        key: name.key.clone(),
+    }
+}
+
+fn timeout(name: &LockName, attempts: u32, started: Instant) -> LockError {
+    LockError::Timeout {
+        key: name.key.clone(),
+        attempts,
+        waited: started.elapsed(),
+    }
+}

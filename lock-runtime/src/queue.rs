@@ -1,0 +1,133 @@
+//! The local line for a key: the tasks of one client that want it wait here, first
+//! come first served, so Redis sees one waiter per client however many tasks wait.
+//! The task at the head listens for the holder's release, and keeps its turn while
+//! it holds the lock. A key nobody waits for or holds leaves nothing behind.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{OwnedMutexGuard, watch};
+
+use crate::backend::{Backend, Subscription};
+use crate::key::LockName;
+
+pub(crate) struct Queues {
+    backend: Arc<Backend>,
+    lines: Mutex<HashMap<String, Line>>,
+}
+
+struct Line {
+    turns: Arc<tokio::sync::Mutex<()>>,
+    /// Places taken in this line: tasks waiting, and the one whose turn it is.
+    places: usize,
+    /// The key's release signals, from when a task of this line first had to wait
+    /// until the line empties.
+    releases: Option<Subscription>,
+}
+
+/// A task's place in a key's line, from joining it until its turn ends. However it
+/// is dropped, the last place to go takes the line and its subscription with it.
+pub(crate) struct Place {
+    queues: Arc<Queues>,
+    name: Arc<LockName>,
+    turns: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A task's turn at the head of its client's line for a key.
+pub(crate) struct Turn {
+    // Declared first so that it drops first: the next in line goes when this does,
+    // and finds the line still there.
+    _permit: OwnedMutexGuard<()>,
+    place: Place,
+}
+
+impl Queues {
+    pub(crate) fn new(backend: Arc<Backend>) -> Arc<Queues> {
+        Arc::new(Queues {
+            backend,
+            lines: Mutex::default(),
+        })
+    }
+
+    /// Takes a place at the back of `name`'s line.
+    pub(crate) fn join(self: &Arc<Self>, name: &Arc<LockName>) -> Place {
+        let mut lines = self.lines();
+        let line = lines.entry(name.hash.clone()).or_insert_with(|| Line {
+            turns: Arc::default(),
+            places: 0,
+            releases: None,
+        });
+        line.places += 1;
+        Place {
+            queues: self.clone(),
+            name: name.clone(),
+            turns: line.turns.clone(),
+        }
+    }
+
+    fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line>> {
+        self.lines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Place {
+    /// Waits for this place to reach the head of the line.
+    pub(crate) async fn turn(self) -> Turn {
+        let permit = self.turns.clone().lock_owned().await;
+        Turn {
+            _permit: permit,
+            place: self,
+        }
+    }
+
+    /// The turn, if no task of this client is ahead.
+    pub(crate) fn try_turn(self) -> Option<Turn> {
+        let permit = self.turns.clone().try_lock_owned().ok()?;
+        Some(Turn {
+            _permit: permit,
+            place: self,
+        })
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut lines = self.queues.lines();
+        let Some(line) = lines.get_mut(&self.name.hash) else {
+            return;
+        };
+        line.places -= 1;
+        if line.places == 0 {
+            let emptied = lines.remove(&self.name.hash);
+            drop(lines);
+            drop(emptied);
+        }
+    }
+}
+
+impl Turn {
+    /// The key's release signals, subscribing when no task of the line has yet.
+    /// `None` when subscribing failed: the caller polls instead.
+    pub(crate) async fn releases(&self) -> Option<watch::Receiver<u64>> {
+        if let Some(releases) = self.subscribed() {
+            return Some(releases);
+        }
+        let place = &self.place;
+        let subscription = place.queues.backend.subscribe(&place.name).await.ok()?;
+        let releases = subscription.releases();
+        if let Some(line) = place.queues.lines().get_mut(&place.name.hash) {
+            line.releases = Some(subscription);
+        }
+        Some(releases)
+    }
+
+    /// The key's release signals if the line already listens for them.
+    pub(crate) fn subscribed(&self) -> Option<watch::Receiver<u64>> {
+        let place = &self.place;
+        let lines = place.queues.lines();
+        let line = lines.get(&place.name.hash)?;
+        line.releases.as_ref().map(Subscription::releases)
+    }
+}
