@@ -181,8 +181,11 @@ use syn::ItemFn;
 ///
 /// ## `reentrant = bool`
 ///
-/// Let a nested call in the same task on the same key re-enter the lock (`true`, the
-/// default), or fail with `LockError::Reentered` (`false`).
+/// Let a call made inside the body on the same key and client re-enter the lock with
+/// no round trip (`true`, the default), or fail with `LockError::Reentered` (`false`).
+/// Re-entry is lexical: the body runs inside the hold, and calls it awaits are
+/// inside too. Calls it joins take turns; a task it spawns is another owner and
+/// waits for the lock (failing with `Timeout` if the body outlasts its budget).
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};

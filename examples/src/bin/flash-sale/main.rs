@@ -65,10 +65,21 @@ async fn main() -> Result<(), LockError> {
         .await
         .expect("bind a loopback port");
     let base = format!("http://{}", listener.local_addr().expect("an address"));
-    let serving = tokio::spawn(async move { axum::serve(listener, shop::router(shop)).await });
+    let locks = shop.locks.clone();
+    let serving = tokio::spawn(async move {
+        let interrupted = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        axum::serve(listener, shop::router(shop))
+            .with_graceful_shutdown(interrupted)
+            .await
+    });
     if serve_only {
         println!("listening on {base}");
-        return match serving.await {
+        let served = serving.await;
+        // Requests cut short by the shutdown may have left releases running.
+        locks.shutdown().await;
+        return match served {
             Ok(Ok(())) => Ok(()),
             _ => std::process::exit(1),
         };
