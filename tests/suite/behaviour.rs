@@ -99,11 +99,7 @@ impl Fixture {
     }
 
     pub(crate) async fn data(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.redis.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect for data")
+        crate::data(&self.redis).await
     }
 
     /// Takes `key` through the other client.

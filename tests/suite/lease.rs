@@ -8,13 +8,7 @@ use lock_tests::{RedisServer, TcpProxy};
 use redis::AsyncCommands;
 use tokio::time::Instant;
 
-async fn data(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
+use crate::data;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_the_key_is_noticed_within_one_renewal() {

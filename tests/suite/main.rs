@@ -12,3 +12,12 @@ mod ownership;
 mod redlock;
 mod sentinel;
 mod waiting;
+
+/// A connection for the tests' own reads and writes on `redis`.
+pub(crate) async fn data(redis: &lock_tests::RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}

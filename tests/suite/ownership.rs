@@ -3,7 +3,6 @@
 //! code inside a hold re-enters it, one section at a time.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -12,7 +11,9 @@ use lock_tests::RedisServer;
 use redis::AsyncCommands;
 use tokio::time::Instant;
 
+use crate::attribute::Overlap;
 use crate::behaviour::{Fixture, on_every_backend};
+use crate::data;
 
 on_every_backend!(
     sibling_futures_take_turns,
@@ -27,26 +28,6 @@ on_every_backend!(
     a_reentered_guard_ends_with_its_hold,
     a_task_spawned_inside_a_hold_times_out,
 );
-
-/// How many sections run at once, and the most that ever did.
-#[derive(Default)]
-struct Overlap {
-    inside: AtomicUsize,
-    most: AtomicUsize,
-}
-
-impl Overlap {
-    async fn section(&self, hold_for: Duration) {
-        let inside = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most.fetch_max(inside, Ordering::SeqCst);
-        tokio::time::sleep(hold_for).await;
-        self.inside.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    fn most(&self) -> usize {
-        self.most.load(Ordering::SeqCst)
-    }
-}
 
 async fn sibling_futures_take_turns(fixture: Fixture) {
     let overlap = Overlap::default();
@@ -319,14 +300,6 @@ async fn a_task_spawned_inside_a_hold_times_out(fixture: Fixture) {
         "a spawned task is another owner: {child:?}"
     );
     outer.release().await.unwrap();
-}
-
-async fn data(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
