@@ -191,14 +191,14 @@ async fn nested_calls_in_one_task_re_enter_and_spawned_tasks_wait() {
     let redis = RedisServer::start();
     let locks = LockClient::connect(&redis.url()).await.unwrap();
 
-    let trips = redis.calls("evalsha");
+    let trips = redis.lock_calls();
     assert_eq!(
         walk(&locks, 1, 100).await.unwrap(),
         100,
         "100 nested calls re-entered"
     );
     assert_eq!(
-        redis.calls("evalsha") - trips,
+        redis.lock_calls() - trips,
         2,
         "one acquire and one release for all of them"
     );
@@ -360,14 +360,14 @@ async fn sections_joined_in_one_body_take_turns() {
     let redis = RedisServer::start();
     let locks = LockClient::connect(&redis.url()).await.unwrap();
     let overlap = Overlap::default();
-    let trips = redis.calls("evalsha");
+    let trips = redis.lock_calls();
     tokio::time::timeout(Duration::from_secs(5), both_halves(&locks, 3, &overlap))
         .await
         .expect("no deadlock")
         .unwrap();
     assert_eq!(overlap.most(), 1, "the two halves ran at once");
     assert_eq!(
-        redis.calls("evalsha") - trips,
+        redis.lock_calls() - trips,
         2,
         "the halves re-entered the body's lock"
     );

@@ -84,17 +84,13 @@ impl Fixture {
         self.topology != Topology::Memory
     }
 
-    /// Calls to the lock scripts (each one `EVALSHA`) that one lock server saw, the
-    /// first master on Redlock, all of them on a Cluster.
+    /// Lock requests that one lock server saw, the first master on Redlock, all of
+    /// them on a Cluster.
     pub(crate) fn round_trips(&self) -> u64 {
         match &self.servers {
-            Servers::None | Servers::MoreMasters(_) => self.redis.calls("evalsha"),
-            Servers::Cluster(cluster) => cluster
-                .servers
-                .iter()
-                .map(|server| server.calls("evalsha"))
-                .sum(),
-            Servers::Sentinel(group) => group.primary.calls("evalsha"),
+            Servers::None | Servers::MoreMasters(_) => self.redis.lock_calls(),
+            Servers::Cluster(cluster) => cluster.servers.iter().map(RedisServer::lock_calls).sum(),
+            Servers::Sentinel(group) => group.primary.lock_calls(),
         }
     }
 

@@ -94,7 +94,7 @@ async fn locking_runs_on_while_the_slot_migrates() {
         .iter()
         .find(|server| server.port() == new_owner)
         .unwrap()
-        .calls("evalsha");
+        .lock_calls();
     assert!(
         lock_calls_on_new_owner >= 20 * 8,
         "the lock followed its slot"

@@ -64,10 +64,10 @@ async fn tasks_of_one_client_queue_locally_in_order() {
         started_rx.await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let trips_before = redis.calls("evalsha");
+    let trips_before = redis.lock_calls();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        redis.calls("evalsha"),
+        redis.lock_calls(),
         trips_before,
         "queued tasks asked Redis while the lock was held"
     );
@@ -81,7 +81,7 @@ async fn tasks_of_one_client_queue_locally_in_order() {
         "first come, first served"
     );
     // The first release, then one acquire and one release per queued task.
-    assert_eq!(redis.calls("evalsha") - trips_before, 1 + 2 * 10);
+    assert_eq!(redis.lock_calls() - trips_before, 1 + 2 * 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,7 +145,7 @@ async fn redis_sees_one_waiter_per_client() {
     }
     let sections = TASKS * SECTIONS;
     assert_eq!(
-        redis.calls("evalsha"),
+        redis.lock_calls(),
         2 * sections,
         "one acquire and one release per section"
     );

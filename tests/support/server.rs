@@ -156,6 +156,13 @@ impl RedisServer {
             .map_or(0, |calls| calls.parse().expect("a call count"))
     }
 
+    /// Requests of the lock protocol the server ran: acquires (`SET`) and releases
+    /// and renewals (`EVALSHA`). A fenced acquire is a script that sets the key, so it
+    /// counts twice.
+    pub fn lock_calls(&self) -> u64 {
+        self.calls("set") + self.calls("evalsha")
+    }
+
     fn wait_until_ready(&mut self) -> Result<(), std::process::ExitStatus> {
         let started = Instant::now();
         loop {

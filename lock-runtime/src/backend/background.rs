@@ -1,15 +1,16 @@
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
 
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-/// The client's requests that run detached from their callers, so that a caller
-/// dropped at an await cannot leave a lock behind, counted so that a shutdown can
-/// wait for them.
-#[derive(Default)]
+/// The client's requests that outlived their callers, counted so that a shutdown
+/// can wait for them.
+#[derive(Clone, Default)]
 pub(crate) struct Background {
     pending: Arc<Pending>,
 }
@@ -31,6 +32,21 @@ impl Drop for Counted {
     }
 }
 
+/// What to do with the answer of a request whose caller has gone.
+pub(crate) trait Orphan<T>: Send + Unpin + 'static {
+    fn adopt(self, answer: T) -> impl Future<Output = ()> + Send;
+}
+
+/// A request that runs to its end even when its caller stops waiting: dropped
+/// before its answer, it moves to a background task that completes it and hands the
+/// answer to its orphan handler. The caller who waits pays no task of its own.
+pub(crate) struct Finishing<T: Send + 'static, O: Orphan<T>> {
+    request: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    orphan: Option<O>,
+    background: Background,
+    runtime: Handle,
+}
+
 impl Background {
     /// Runs `task` on `runtime`; dropping the handle does not cancel it.
     pub(crate) fn spawn_on<T: Send + 'static>(
@@ -46,6 +62,21 @@ impl Background {
         })
     }
 
+    /// `request`, finished on `runtime` by `orphan` if its caller goes.
+    pub(crate) fn finishing<T: Send + 'static, O: Orphan<T>>(
+        &self,
+        runtime: &Handle,
+        request: impl Future<Output = T> + Send + 'static,
+        orphan: O,
+    ) -> Finishing<T, O> {
+        Finishing {
+            request: Some(Box::pin(request)),
+            orphan: Some(orphan),
+            background: self.clone(),
+            runtime: runtime.clone(),
+        }
+    }
+
     /// Completes once no request is left running.
     pub(crate) async fn idle(&self) {
         loop {
@@ -54,6 +85,32 @@ impl Background {
                 return;
             }
             idle.await;
+        }
+    }
+}
+
+impl<T: Send + 'static, O: Orphan<T>> Future for Finishing<T, O> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        let request = this
+            .request
+            .as_mut()
+            .expect("a finished request is not polled again");
+        let answer = ready!(request.as_mut().poll(cx));
+        this.request = None;
+        this.orphan = None;
+        Poll::Ready(answer)
+    }
+}
+
+impl<T: Send + 'static, O: Orphan<T>> Drop for Finishing<T, O> {
+    fn drop(&mut self) {
+        if let (Some(request), Some(orphan)) = (self.request.take(), self.orphan.take()) {
+            self.background.spawn_on(&self.runtime, async move {
+                orphan.adopt(request.await).await;
+            });
         }
     }
 }

@@ -2,9 +2,9 @@
 //! data model: a lock is held under one acquisition's token with a lease, beside a
 //! fencing counter; releases are signalled to the waiters of this process.
 //!
-//! Calls that take or free a lock run detached from their callers: a caller dropped
-//! at an await leaves no lock behind, since a grant that nobody waits for any more is
-//! released when it arrives.
+//! Calls that take or free a lock finish even when their callers stop waiting: a
+//! caller dropped at an await leaves no lock behind, since a grant that nobody waits
+//! for any more is released when it arrives.
 
 mod background;
 mod connection;
@@ -17,10 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::{Mutex, oneshot, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::{Mutex, watch};
 
-pub(crate) use self::background::Background;
+pub(crate) use self::background::{Background, Finishing, Orphan};
 pub(crate) use self::connection::Target;
 pub(crate) use self::memory::MemoryStore;
 pub(crate) use self::redis::RedisNode;
@@ -87,9 +86,9 @@ impl Backend {
         &self.background
     }
 
-    /// Tries to take `name` under `token`. The request runs detached: if the caller
-    /// is gone when it is granted, or the answer is an error (the request may still
-    /// have been applied), the token's lock is released.
+    /// Tries to take `name` under `token`. If the caller goes before the answer, or
+    /// the answer is an error (the request may still have been applied), the token's
+    /// lock is released in the background.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         name: &Arc<LockName>,
@@ -100,24 +99,31 @@ impl Backend {
         if let Store::Memory(memory) = &self.store {
             return Ok(memory.acquire(name, token, lease, fencing));
         }
-        let (answer, answered) = oneshot::channel();
-        let (backend, detached_name, token) = (self.clone(), name.clone(), token.clone());
-        self.background.spawn_on(&Handle::current(), async move {
-            let name = detached_name;
-            let attempt = backend.acquire_now(&name, &token, lease, fencing).await;
-            let granted = matches!(attempt, Ok(Attempt::Granted { .. }));
-            // An error may come after the request reached Redis: clean up after it too.
-            let failed = attempt.is_err();
-            let orphaned = answer.send(attempt).is_err();
-            if failed || (granted && orphaned) {
-                let _ = backend.release(&name, &token).await;
+        let claim = Claim {
+            backend: self.clone(),
+            name: name.clone(),
+            token: token.clone(),
+        };
+        let request = {
+            let claim = claim.clone();
+            async move {
+                let Claim {
+                    backend,
+                    name,
+                    token,
+                } = &claim;
+                backend.acquire_now(name, token, lease, fencing).await
             }
-        });
-        answered.await.unwrap_or_else(|_| {
-            let stopped =
-                ::redis::RedisError::from((::redis::ErrorKind::Io, "the runtime is shutting down"));
-            Err(LockError::backend(&name.key, stopped))
-        })
+        };
+        let runtime = Handle::current();
+        let attempt = self
+            .background
+            .finishing(&runtime, request, claim.clone())
+            .await;
+        if attempt.is_err() {
+            self.background.spawn_on(&runtime, claim.withdraw());
+        }
+        attempt
     }
 
     async fn acquire_now(
@@ -143,21 +149,18 @@ impl Backend {
         }
     }
 
-    /// Runs `release` detached on `runtime`, so that it completes however its caller
-    /// ends, then `after`.
-    pub(crate) fn release_detached(
+    /// Frees `name` if `token` holds it; the request completes on `runtime` even if
+    /// the caller goes, and `after` is dropped once it has.
+    pub(crate) fn release_finishing<O: Orphan<Result<bool, LockError>>>(
         self: &Arc<Self>,
         runtime: &Handle,
         name: Arc<LockName>,
         token: Arc<str>,
-        after: impl FnOnce() + Send + 'static,
-    ) -> JoinHandle<Result<bool, LockError>> {
+        after: O,
+    ) -> Finishing<Result<bool, LockError>, O> {
         let backend = self.clone();
-        self.background.spawn_on(runtime, async move {
-            let released = backend.release(&name, &token).await;
-            after();
-            released
-        })
+        let request = async move { backend.release(&name, &token).await };
+        self.background.finishing(runtime, request, after)
     }
 
     /// Resets the lease to `lease` from now if `token` still holds the lock.
@@ -205,6 +208,30 @@ impl Backend {
                 Store::Memory(_) => {}
                 Store::Redlock(redlock) => redlock.unlisten(name).await,
             }
+        }
+    }
+}
+
+/// One token's request for a lock, withdrawn when nobody takes what it may have
+/// been granted: the caller went, or the answer was an error and the request may
+/// have been applied anyway.
+#[derive(Clone)]
+struct Claim {
+    backend: Arc<Backend>,
+    name: Arc<LockName>,
+    token: Arc<str>,
+}
+
+impl Claim {
+    async fn withdraw(self) {
+        let _ = self.backend.release(&self.name, &self.token).await;
+    }
+}
+
+impl Orphan<Result<Attempt, LockError>> for Claim {
+    async fn adopt(self, answer: Result<Attempt, LockError>) {
+        if !matches!(answer, Ok(Attempt::Busy { .. })) {
+            self.withdraw().await;
         }
     }
 }

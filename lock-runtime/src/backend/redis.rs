@@ -90,23 +90,41 @@ impl RedisNode {
         lease: Duration,
         fencing: bool,
     ) -> Result<Attempt, LockError> {
+        let mut connection = self.connection.clone();
+        if !fencing {
+            // A native `SET NX` does the job without a script. It also respects a lock
+            // left by an older version: any key there makes it fail.
+            let mut set = redis::cmd("SET");
+            set.arg(&name.hash)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(lease_ms(lease));
+            let set = set.query_async::<Option<()>>(&mut connection);
+            return Ok(match self.run(name, set).await? {
+                Some(()) => Attempt::Granted { fence: None },
+                None => Attempt::Busy {
+                    retry_in: None,
+                    fence: None,
+                },
+            });
+        }
         let mut invocation = ACQUIRE.key(&name.hash);
         invocation
             .key(&name.fence)
             .arg(token)
             .arg(lease_ms(lease))
-            .arg(if fencing { "1" } else { "0" });
-        let mut connection = self.connection.clone();
+            .arg("1");
         let reply: Vec<i64> = self
             .run(name, invocation.invoke_async(&mut connection))
             .await?;
         Ok(match reply[..] {
             [1, token, ..] => Attempt::Granted {
-                fence: fencing.then_some(token as u64),
+                fence: Some(token as u64),
             },
             [_, pttl, counter, ..] => Attempt::Busy {
                 retry_in: u64::try_from(pttl).ok().map(Duration::from_millis),
-                fence: fencing.then_some(counter as u64),
+                fence: Some(counter as u64),
             },
             _ => {
                 let detail = format!("{reply:?}");

@@ -92,10 +92,10 @@ impl Redlock {
             .iter()
             .filter(|answer| matches!(answer, Ok(Attempt::Granted { .. })))
             .count();
-        let busy_for: Vec<Duration> = answers
+        let busy_for: Vec<Option<Duration>> = answers
             .iter()
             .filter_map(|answer| match answer {
-                Ok(Attempt::Busy { retry_in, .. }) => Some(retry_in.unwrap_or(Duration::ZERO)),
+                Ok(Attempt::Busy { retry_in, .. }) => Some(*retry_in),
                 _ => None,
             })
             .collect();
@@ -119,14 +119,15 @@ impl Redlock {
                 needed: self.quorum(),
             });
         }
-        // Held by another acquisition: look again when the soonest of its leases ends. A
-        // split vote: after a random pause, so the contenders stop colliding.
-        let retry_in = match busy_for.iter().min() {
-            Some(soonest) if busy_for.len() >= self.quorum() => *soonest,
-            _ => random_pause(),
+        // Held by another acquisition: look again when the soonest of its leases ends,
+        // where the nodes said. A split vote: after a random pause, so the contenders
+        // stop colliding.
+        let retry_in = match busy_for.len() >= self.quorum() {
+            true => busy_for.iter().flatten().min().copied(),
+            false => Some(random_pause()),
         };
         Ok(Attempt::Busy {
-            retry_in: Some(retry_in),
+            retry_in,
             fence: None,
         })
     }

@@ -143,7 +143,7 @@ impl LockGuard {
         match role {
             Role::Owner => {
                 let (was_held, releasing) = self.hold.end();
-                let freed = releasing.await.unwrap_or(Ok(false))?;
+                let freed = releasing.await?;
                 if was_held && freed {
                     Ok(())
                 } else {
@@ -166,6 +166,7 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Role::Owner = self.role {
+            // Dropped unpolled, the release finishes in the background.
             drop(self.hold.end());
         }
     }

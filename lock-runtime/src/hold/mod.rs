@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 pub use self::guard::LockGuard;
@@ -19,7 +18,7 @@ use self::keeper::{Care, Keeper};
 use self::lease::Lease;
 pub(crate) use self::scope::Level;
 use crate::LockError;
-use crate::backend::Backend;
+use crate::backend::{Backend, Finishing, Orphan};
 use crate::key::LockName;
 use crate::options::Plan;
 use crate::queue::Turn;
@@ -154,8 +153,8 @@ impl Hold {
     /// and passes the turn on once it is freed. The delete is scoped to this token,
     /// so it is sent even after a loss, in case a renewal that timed out here was
     /// applied. Returns whether the hold was still valid, and the release, which
-    /// resolves to whether it freed the lock.
-    fn end(&self) -> (bool, JoinHandle<Result<bool, LockError>>) {
+    /// resolves to whether it freed the lock and finishes even if dropped.
+    fn end(&self) -> (bool, Finishing<Result<bool, LockError>, PassTurn>) {
         match std::mem::replace(&mut *self.care(), Care::Ended) {
             Care::Scheduled(due) => self.holds.keeper.forget(due),
             Care::Kept(task) => task.abort(),
@@ -167,7 +166,17 @@ impl Hold {
         let releasing =
             self.holds
                 .backend
-                .release_detached(&self.runtime, name, token, move || drop(turn));
+                .release_finishing(&self.runtime, name, token, PassTurn(turn));
         (was_held, releasing)
+    }
+}
+
+/// The client's turn for a key, passed on once the lock is freed in Redis, so that
+/// the next task in line does not ask before then.
+pub(crate) struct PassTurn(Option<Turn>);
+
+impl Orphan<Result<bool, LockError>> for PassTurn {
+    async fn adopt(self, _freed: Result<bool, LockError>) {
+        drop(self.0);
     }
 }
