@@ -13,13 +13,27 @@ pub struct SentinelGroup {
 impl SentinelGroup {
     /// Sentinels declare the primary down after `down_after`.
     pub fn start(down_after: Duration) -> SentinelGroup {
+        Self::start_as(down_after, None)
+    }
+
+    /// Like [`start`](Self::start), with every server and Sentinel requiring
+    /// `password`.
+    pub fn start_with_password(down_after: Duration, password: &str) -> SentinelGroup {
+        Self::start_as(down_after, Some(password))
+    }
+
+    fn start_as(down_after: Duration, password: Option<&str>) -> SentinelGroup {
         let name = "locks";
-        let primary = RedisServer::start();
+        let server = |args: &[&str]| match password {
+            Some(password) => RedisServer::start_with_password(password, args),
+            None => RedisServer::start_with(args),
+        };
+        let primary = server(&[]);
         let port = primary.port().to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let replica = server(&["--replicaof", "127.0.0.1", &port]);
         let down_after_ms = down_after.as_millis() as u64;
         let sentinels = (0..3)
-            .map(|_| RedisServer::start_sentinel(name, primary.port(), down_after_ms))
+            .map(|_| RedisServer::start_sentinel(name, primary.port(), down_after_ms, password))
             .collect();
         let group = SentinelGroup {
             name,

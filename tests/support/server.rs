@@ -11,6 +11,8 @@ pub struct RedisServer {
     args: Vec<String>,
     /// A Sentinel's configuration file, written once: the Sentinel rewrites it.
     sentinel_config: Option<String>,
+    /// What clients must authenticate with (`requirepass`), if anything.
+    password: Option<String>,
     child: Option<Child>,
 }
 
@@ -22,22 +24,46 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (`["--appendonly", "yes"]`).
     pub fn start_with(args: &[&str]) -> RedisServer {
-        Self::start_as(None, args)
+        Self::start_as(None, None, args)
+    }
+
+    /// Starts a server that requires `password`, and uses it as a replica too.
+    pub fn start_with_password(password: &str, args: &[&str]) -> RedisServer {
+        let auth = ["--requirepass", password, "--masterauth", password];
+        let args: Vec<&str> = auth.iter().chain(args).copied().collect();
+        Self::start_as(None, Some(password), &args)
     }
 
     /// Starts a Sentinel watching the primary `name` at `primary_port`, which it
-    /// declares down after `down_after_ms` without an answer.
-    pub fn start_sentinel(name: &str, primary_port: u16, down_after_ms: u64) -> RedisServer {
-        let config = format!(
+    /// declares down after `down_after_ms` without an answer. With a password, the
+    /// Sentinel requires it and uses it with the servers and the other Sentinels.
+    pub fn start_sentinel(
+        name: &str,
+        primary_port: u16,
+        down_after_ms: u64,
+        password: Option<&str>,
+    ) -> RedisServer {
+        let mut config = format!(
             "sentinel monitor {name} 127.0.0.1 {primary_port} 2\n\
              sentinel down-after-milliseconds {name} {down_after_ms}\n\
              sentinel failover-timeout {name} {}\n",
             down_after_ms * 5
         );
-        Self::start_as(Some(config), &[])
+        if let Some(password) = password {
+            config.push_str(&format!(
+                "requirepass {password}\n\
+                 sentinel auth-pass {name} {password}\n\
+                 sentinel sentinel-pass {password}\n"
+            ));
+        }
+        Self::start_as(Some(config), password, &[])
     }
 
-    fn start_as(sentinel_config: Option<String>, args: &[&str]) -> RedisServer {
+    fn start_as(
+        sentinel_config: Option<String>,
+        password: Option<&str>,
+        args: &[&str],
+    ) -> RedisServer {
         // A port free a moment ago may be taken by now (or, on a Cluster, the bus
         // port 10000 above it): try another.
         for _ in 0..5 {
@@ -50,6 +76,7 @@ impl RedisServer {
                 dir,
                 args: args.iter().map(|arg| arg.to_string()).collect(),
                 sentinel_config: sentinel_config.clone(),
+                password: password.map(str::to_owned),
                 child: None,
             };
             if server.launch().is_ok() {
@@ -59,9 +86,12 @@ impl RedisServer {
         panic!("redis-server exited at start on 5 different free ports; run it by hand to see why");
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>`, with the password when the server has one.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     pub fn port(&self) -> u16 {

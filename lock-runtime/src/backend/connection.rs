@@ -9,10 +9,12 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, ProtocolVersion, PushInfo, PushKind,
-    RedisConnectionInfo, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo, Pipeline,
+    ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, Value,
 };
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use super::signals::Signals;
 use crate::ClientConfig;
@@ -83,11 +85,7 @@ impl Target {
                 Ok(Connection::Cluster(client.get_async_connection().await?))
             }
             Target::Sentinel { client, .. } => {
-                let connection = SentinelConnection {
-                    sentinel: client.clone(),
-                    config: connection_config(config),
-                    current: Arc::default(),
-                };
+                let connection = SentinelConnection::new(client.clone(), connection_config(config));
                 connection.current().await?;
                 Ok(Connection::Sentinel(connection))
             }
@@ -114,6 +112,7 @@ impl Target {
         config: &ClientConfig,
         signals: Arc<Signals>,
     ) -> RedisResult<Connection> {
+        let signals_for_sentinel = signals.clone();
         let pushes = move |push: PushInfo| {
             on_push(&signals, push);
             Ok::<(), redis::aio::SendError>(())
@@ -137,12 +136,24 @@ impl Target {
                 sentinels, primary, ..
             } => {
                 let sentinel = sentinel_client(sentinels, primary, ProtocolVersion::RESP3)?;
-                let connection = SentinelConnection {
-                    sentinel: Arc::new(tokio::sync::Mutex::new(sentinel)),
-                    config: connection_config(config).set_push_sender(pushes),
-                    current: Arc::default(),
+                let (dropped, drops) = tokio::sync::mpsc::unbounded_channel();
+                let pushes = move |push: PushInfo| {
+                    if push.kind == PushKind::Disconnection {
+                        let _ = dropped.send(());
+                    }
+                    pushes(push)
                 };
+                let connection = SentinelConnection::new(
+                    Arc::new(tokio::sync::Mutex::new(sentinel)),
+                    connection_config(config).set_push_sender(pushes),
+                );
                 connection.current().await?;
+                let following = Arc::downgrade(&connection.shared);
+                tokio::spawn(resubscribe_after_drops(
+                    following,
+                    drops,
+                    signals_for_sentinel,
+                ));
                 Ok(Connection::Sentinel(connection))
             }
         }
@@ -202,38 +213,92 @@ impl ConnectionLike for Connection {
 /// answering or turns read-only (it was demoted), the next call asks Sentinel again.
 #[derive(Clone)]
 pub(crate) struct SentinelConnection {
+    shared: Arc<SentinelShared>,
+}
+
+struct SentinelShared {
     sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
     config: AsyncConnectionConfig,
-    current: Arc<Mutex<Option<MultiplexedConnection>>>,
+    current: Mutex<Option<MultiplexedConnection>>,
 }
 
 impl SentinelConnection {
+    fn new(
+        sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
+        config: AsyncConnectionConfig,
+    ) -> SentinelConnection {
+        SentinelConnection {
+            shared: Arc::new(SentinelShared {
+                sentinel,
+                config,
+                current: Mutex::default(),
+            }),
+        }
+    }
+
     async fn current(&self) -> RedisResult<MultiplexedConnection> {
-        if let Some(connection) = self
+        if let Some(connection) = self.current_slot().clone() {
+            return Ok(connection);
+        }
+        let shared = &self.shared;
+        let primary = shared.sentinel.lock().await.async_get_client().await?;
+        let connection = primary
+            .get_multiplexed_async_connection_with_config(&shared.config)
+            .await?;
+        *self.current_slot() = Some(connection.clone());
+        Ok(connection)
+    }
+
+    fn current_slot(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        self.shared
             .current
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            return Ok(connection);
-        }
-        let primary = self.sentinel.lock().await.async_get_client().await?;
-        let connection = primary
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
-        Ok(connection)
     }
 
     fn check<T>(&self, answer: RedisResult<T>) -> RedisResult<T> {
         if let Err(error) = &answer {
             let demoted = error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
             if demoted || error.is_io_error() || error.is_connection_dropped() {
-                *self.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                *self.current_slot() = None;
             }
         }
         answer
     }
+}
+
+/// Once the subscriber's connection drops (its primary died, say), connects to the
+/// primary Sentinel names now and subscribes again to every channel still watched,
+/// trying until it can, then wakes the waiters to look again. Ends with the client.
+async fn resubscribe_after_drops(
+    subscriber: Weak<SentinelShared>,
+    mut drops: tokio::sync::mpsc::UnboundedReceiver<()>,
+    signals: Arc<Signals>,
+) {
+    const PAUSE: Duration = Duration::from_millis(100);
+    while drops.recv().await.is_some() {
+        loop {
+            let Some(shared) = subscriber.upgrade() else {
+                return;
+            };
+            let connection = SentinelConnection { shared };
+            *connection.current_slot() = None;
+            if resubscribe(&connection, &signals).await.is_ok() {
+                break;
+            }
+            drop(connection);
+            tokio::time::sleep(PAUSE).await;
+        }
+        signals.notify_all();
+    }
+}
+
+async fn resubscribe(connection: &SentinelConnection, signals: &Signals) -> RedisResult<()> {
+    let mut current = connection.current().await?;
+    for channel in signals.channels() {
+        current.subscribe(&channel).await?;
+    }
+    Ok(())
 }
 
 impl ConnectionLike for SentinelConnection {
@@ -261,7 +326,9 @@ impl ConnectionLike for SentinelConnection {
     }
 
     fn get_db(&self) -> i64 {
-        0
+        self.current_slot()
+            .as_ref()
+            .map_or(0, ConnectionLike::get_db)
     }
 }
 
@@ -296,15 +363,30 @@ fn cluster_builder(urls: &[String], config: &ClientConfig) -> ClusterClientBuild
         .response_timeout(config.command_timeout)
 }
 
+/// The primary takes the user, password and database of the first Sentinel URL, as
+/// deployments that protect both with one password expect. The Sentinels keep the
+/// credentials of their URLs but not the database, which they do not have.
 fn sentinel_client(
     sentinels: &[String],
     primary: &str,
     protocol: ProtocolVersion,
 ) -> RedisResult<SentinelClient> {
-    let redis = RedisConnectionInfo::default().set_protocol(protocol);
+    let sentinels = sentinels
+        .iter()
+        .map(|url| url.as_str().into_connection_info())
+        .collect::<RedisResult<Vec<_>>>()?;
+    let redis = match sentinels.first() {
+        Some(info) => info.redis_settings().clone(),
+        None => RedisConnectionInfo::default(),
+    }
+    .set_protocol(protocol);
+    let without_db = |info: ConnectionInfo| {
+        let settings = info.redis_settings().clone().set_db(0);
+        info.set_redis_settings(settings)
+    };
     let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
     SentinelClient::build(
-        sentinels.to_vec(),
+        sentinels.into_iter().map(without_db).collect(),
         primary.to_owned(),
         Some(node),
         SentinelServerType::Master,

@@ -19,7 +19,7 @@ struct Signal {
 impl Signals {
     /// Watches `channel`; true as well when this is its first watcher.
     pub(crate) fn join(&self, channel: &str) -> (watch::Receiver<u64>, bool) {
-        let mut channels = self.channels();
+        let mut channels = self.by_channel();
         let signal = channels
             .entry(channel.to_owned())
             .or_insert_with(|| Signal {
@@ -32,7 +32,7 @@ impl Signals {
 
     /// Stops one watcher of `channel`; true when it was the last.
     pub(crate) fn leave(&self, channel: &str) -> bool {
-        let mut channels = self.channels();
+        let mut channels = self.by_channel();
         let Some(signal) = channels.get_mut(channel) else {
             return false;
         };
@@ -45,19 +45,24 @@ impl Signals {
     }
 
     pub(crate) fn notify(&self, channel: &str) {
-        if let Some(signal) = self.channels().get(channel) {
+        if let Some(signal) = self.by_channel().get(channel) {
             signal.releases.send_modify(|count| *count += 1);
         }
+    }
+
+    /// The channels watched now.
+    pub(crate) fn channels(&self) -> Vec<String> {
+        self.by_channel().keys().cloned().collect()
     }
 
     /// Wakes every waiter, as when notifications may have been missed.
     pub(crate) fn notify_all(&self) {
-        for signal in self.channels().values() {
+        for signal in self.by_channel().values() {
             signal.releases.send_modify(|count| *count += 1);
         }
     }
 
-    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Signal>> {
+    fn by_channel(&self) -> std::sync::MutexGuard<'_, HashMap<String, Signal>> {
         self.channels
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
