@@ -3,6 +3,7 @@
 
 mod attribute;
 mod behaviour;
+mod chaos;
 mod cluster;
 mod crash;
 mod http;

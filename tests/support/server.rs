@@ -155,6 +155,27 @@ impl RedisServer {
         self.wait_until_ready()
     }
 
+    /// `SIGSTOP`: the server freezes, as in a long stall, until [`thaw`](Self::thaw).
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// `SIGCONT` after [`freeze`](Self::freeze).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let sent = Command::new("kill")
+                .arg(signal)
+                .arg(child.id().to_string())
+                .status()
+                .expect("run kill");
+            assert!(sent.success(), "kill {signal} the test redis-server");
+        }
+    }
+
     /// Stops the server from serving clients for `pause` (`CLIENT PAUSE ALL`).
     pub fn pause(&self, pause: Duration) {
         let _: () = redis::cmd("CLIENT")

@@ -1,0 +1,68 @@
+//! A worker of the chaos test: tasks that take fenced, watchdog-renewed locks on a
+//! few hot keys until the deadline, and print each section as
+//! `<key> <token> <from ns> <until ns> <held>`, times since the Unix epoch, `held`
+//! being `is_held()` at the section's end (read after `until`, so a yes covers it).
+//!
+//! Usage: `chaos-worker <redis url> <keys,comma,separated> <tasks per key> <run ms>`
+
+use std::io::Write;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lock_runtime::{ClientConfig, LockClient, LockOptions};
+use tokio::time::Instant;
+
+fn nanos_now() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_nanos()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [url, keys, tasks, run_ms] = args.as_slice() else {
+        eprintln!("usage: chaos-worker <redis url> <keys> <tasks per key> <run ms>");
+        std::process::exit(2);
+    };
+    let tasks: usize = tasks.parse().expect("tasks per key");
+    let deadline = Instant::now() + Duration::from_millis(run_ms.parse().expect("run ms"));
+    // Short bounds, so that a frozen Redis gives errors and lost leases, not stalls.
+    let bound = Duration::from_millis(200);
+    let config = ClientConfig::new()
+        .command_timeout(bound)
+        .connect_timeout(bound);
+    let client = LockClient::connect_with(url, config)
+        .await
+        .expect("connect");
+    let options = LockOptions::new()
+        .fencing(true)
+        .lease(Duration::from_millis(300))
+        .watchdog(true)
+        .retry_wait(Duration::from_millis(20))
+        .timeout(Duration::from_secs(2));
+    let mut workers = Vec::new();
+    for key in keys.split(',') {
+        for _ in 0..tasks {
+            let (client, options, key) = (client.clone(), options.clone(), key.to_owned());
+            workers.push(tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    let Ok(guard) = client.acquire(&key, &options).await else {
+                        continue;
+                    };
+                    let from = nanos_now();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    let until = nanos_now();
+                    let held = guard.is_held();
+                    let token = guard.fencing_token().expect("fencing was asked for");
+                    let _ = guard.release().await;
+                    let line = format!("{key} {token} {from} {until} {held}\n");
+                    let _ = std::io::stdout().lock().write_all(line.as_bytes());
+                }
+            }));
+        }
+    }
+    for worker in workers {
+        worker.await.expect("a worker task");
+    }
+}
