@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::acquire::Acquirer;
 use crate::backend::{Backend, MemoryStore, RedisNode, Redlock, Signals, Store, Target};
-use crate::options::Plan;
+use crate::options::{HandOff, Plan};
 use crate::{LockError, LockGuard, LockOptions};
 
 /// How a client talks to Redis: the bounds on connecting and on each call.
@@ -18,6 +18,7 @@ use crate::{LockError, LockGuard, LockOptions};
 pub struct ClientConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
+    pub(crate) hand_off: HandOff,
 }
 
 impl Default for ClientConfig {
@@ -25,14 +26,35 @@ impl Default for ClientConfig {
         ClientConfig {
             connect_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_secs(2),
+            hand_off: HandOff {
+                most: DEFAULT_HAND_OFFS,
+                within: DEFAULT_HAND_OFF_WINDOW,
+            },
         }
     }
 }
 
+/// Hand-offs per Redis acquisition, unless set.
+pub const DEFAULT_HAND_OFFS: u16 = 32;
+/// How long after its Redis acquisition a lock may still be handed on, unless set.
+pub const DEFAULT_HAND_OFF_WINDOW: Duration = Duration::from_millis(20);
+
 impl ClientConfig {
-    /// The defaults: 2 s to connect, 2 s for each call.
+    /// The defaults: 2 s to connect, 2 s for each call, and up to 32 hand-offs
+    /// within 20 ms of each Redis acquisition.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// How far a lock passes from task to task of this client without asking Redis:
+    /// when a holder lets go while another task of the client waits for the key,
+    /// the waiter takes the lock over with no round trip, at most `most` times in a
+    /// row and within `within` of the Redis acquisition; then the lock is released to
+    /// Redis, where other clients get their chance. `most = 0` turns hand-off off.
+    /// Never on Redlock.
+    pub fn hand_off(mut self, most: u16, within: Duration) -> Self {
+        self.hand_off = HandOff { most, within };
+        self
     }
 
     /// The longest `connect` and each reconnect may take.
@@ -139,10 +161,8 @@ impl LockClient {
     async fn connect_to(target: Target, config: ClientConfig) -> Result<LockClient, LockError> {
         let signals = Arc::new(Signals::default());
         let node = RedisNode::connect(target, &config, signals.clone()).await?;
-        Ok(Self::with_backend(Backend::new(
-            Store::Redis(node),
-            signals,
-        )))
+        let backend = Backend::new(Store::Redis(node), signals);
+        Ok(Self::with_backend(backend, &config))
     }
 
     /// Locks kept in this process's memory, with the same semantics as Redis. For
@@ -151,7 +171,10 @@ impl LockClient {
     pub fn memory() -> LockClient {
         let signals = Arc::new(Signals::default());
         let store = MemoryStore::new(signals.clone());
-        Self::with_backend(Backend::new(Store::Memory(store), signals))
+        Self::with_backend(
+            Backend::new(Store::Memory(store), signals),
+            &ClientConfig::default(),
+        )
     }
 
     /// The Redlock algorithm over independent Redis masters (use an odd number, 3 or
@@ -177,15 +200,13 @@ impl LockClient {
     {
         let signals = Arc::new(Signals::default());
         let redlock = Redlock::connect(owned(urls), &config, signals.clone()).await?;
-        Ok(Self::with_backend(Backend::new(
-            Store::Redlock(redlock),
-            signals,
-        )))
+        let backend = Backend::new(Store::Redlock(redlock), signals);
+        Ok(Self::with_backend(backend, &config))
     }
 
-    fn with_backend(backend: Arc<Backend>) -> LockClient {
+    fn with_backend(backend: Arc<Backend>, config: &ClientConfig) -> LockClient {
         LockClient {
-            acquirer: Arc::new(Acquirer::new(backend)),
+            acquirer: Arc::new(Acquirer::new(backend, config.hand_off)),
         }
     }
 

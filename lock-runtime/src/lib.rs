@@ -55,7 +55,10 @@ mod key;
 mod options;
 mod queue;
 
-pub use crate::client::{ClientConfig, LockClient, default_client, set_default_client};
+pub use crate::client::{
+    ClientConfig, DEFAULT_HAND_OFF_WINDOW, DEFAULT_HAND_OFFS, LockClient, default_client,
+    set_default_client,
+};
 pub use crate::error::LockError;
 pub use crate::fencing::fenced_set;
 pub use crate::hold::LockGuard;

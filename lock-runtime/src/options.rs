@@ -12,6 +12,14 @@ pub const DEFAULT_RETRY_WAIT: Duration = Duration::from_millis(50);
 /// The longest lease accepted: Redis rejects expiry times past `i64::MAX` ms.
 pub const MAX_LEASE: Duration = Duration::from_millis(1 << 52);
 
+/// How far a client hands a lock from task to task without Redis: at most `most`
+/// hand-offs, within `within` of the Redis acquisition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandOff {
+    pub(crate) most: u16,
+    pub(crate) within: std::time::Duration,
+}
+
 /// Redis measures a lease on its own clock; allow for the two clocks running at
 /// slightly different rates, as Redlock does.
 pub(crate) fn clock_drift(lease: Duration) -> Duration {

@@ -1,7 +1,9 @@
 //! The local line for a key: the tasks of one client that want it wait here, first
 //! come first served, so Redis sees one waiter per client however many tasks wait.
 //! The task at the head listens for the holder's release, and keeps its turn while
-//! it holds the lock. A key nobody waits for or holds leaves nothing behind.
+//! it holds the lock. A holder may leave what it holds (`H`) in the line for the
+//! next task instead of releasing it. A key nobody waits for or holds leaves nothing
+//! behind.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,38 +13,40 @@ use tokio::sync::{OwnedMutexGuard, watch};
 use crate::backend::{Backend, Subscription};
 use crate::key::LockName;
 
-pub(crate) struct Queues {
+pub(crate) struct Queues<H> {
     backend: Arc<Backend>,
-    lines: Mutex<HashMap<String, Line>>,
+    lines: Mutex<HashMap<String, Line<H>>>,
 }
 
-struct Line {
+struct Line<H> {
     turns: Arc<tokio::sync::Mutex<()>>,
     /// Places taken in this line: tasks waiting, and the one whose turn it is.
     places: usize,
     /// The key's release signals, from when a task of this line first had to wait
     /// until the line empties.
     releases: Option<Subscription>,
+    /// What the last turn handed on to the next.
+    handed: Option<H>,
 }
 
 /// A task's place in a key's line, from joining it until its turn ends. However it
 /// is dropped, the last place to go takes the line and its subscription with it.
-pub(crate) struct Place {
-    queues: Arc<Queues>,
+pub(crate) struct Place<H> {
+    queues: Arc<Queues<H>>,
     name: Arc<LockName>,
     turns: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A task's turn at the head of its client's line for a key.
-pub(crate) struct Turn {
+pub(crate) struct Turn<H> {
     // Declared first so that it drops first: the next in line goes when this does,
     // and finds the line still there.
     _permit: OwnedMutexGuard<()>,
-    place: Place,
+    place: Place<H>,
 }
 
-impl Queues {
-    pub(crate) fn new(backend: Arc<Backend>) -> Arc<Queues> {
+impl<H> Queues<H> {
+    pub(crate) fn new(backend: Arc<Backend>) -> Arc<Queues<H>> {
         Arc::new(Queues {
             backend,
             lines: Mutex::default(),
@@ -50,12 +54,13 @@ impl Queues {
     }
 
     /// Takes a place at the back of `name`'s line.
-    pub(crate) fn join(self: &Arc<Self>, name: &Arc<LockName>) -> Place {
+    pub(crate) fn join(self: &Arc<Self>, name: &Arc<LockName>) -> Place<H> {
         let mut lines = self.lines();
         let line = lines.entry(name.hash.clone()).or_insert_with(|| Line {
             turns: Arc::default(),
             places: 0,
             releases: None,
+            handed: None,
         });
         line.places += 1;
         Place {
@@ -65,16 +70,16 @@ impl Queues {
         }
     }
 
-    fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line>> {
+    fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line<H>>> {
         self.lines
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-impl Place {
+impl<H> Place<H> {
     /// Waits for this place to reach the head of the line.
-    pub(crate) async fn turn(self) -> Turn {
+    pub(crate) async fn turn(self) -> Turn<H> {
         let permit = self.turns.clone().lock_owned().await;
         Turn {
             _permit: permit,
@@ -83,7 +88,7 @@ impl Place {
     }
 
     /// The turn, if no task of this client is ahead.
-    pub(crate) fn try_turn(self) -> Option<Turn> {
+    pub(crate) fn try_turn(self) -> Option<Turn<H>> {
         let permit = self.turns.clone().try_lock_owned().ok()?;
         Some(Turn {
             _permit: permit,
@@ -92,7 +97,7 @@ impl Place {
     }
 }
 
-impl Drop for Place {
+impl<H> Drop for Place<H> {
     fn drop(&mut self) {
         let mut lines = self.queues.lines();
         let Some(line) = lines.get_mut(&self.name.hash) else {
@@ -107,7 +112,32 @@ impl Drop for Place {
     }
 }
 
-impl Turn {
+impl<H> Turn<H> {
+    /// Leaves `handed` for the next task in line and ends this turn, if a task
+    /// waits; otherwise gives both back.
+    pub(crate) fn hand_on(self, handed: H) -> Result<(), (Turn<H>, H)> {
+        let place = &self.place;
+        let mut lines = place.queues.lines();
+        match lines.get_mut(&place.name.hash) {
+            Some(line) if line.places > 1 => {
+                line.handed = Some(handed);
+                drop(lines);
+                Ok(())
+            }
+            _ => {
+                drop(lines);
+                Err((self, handed))
+            }
+        }
+    }
+
+    /// What the previous turn handed on, if anything.
+    pub(crate) fn take_handed(&self) -> Option<H> {
+        let place = &self.place;
+        let mut lines = place.queues.lines();
+        lines.get_mut(&place.name.hash)?.handed.take()
+    }
+
     /// The key's release signals, subscribing when no task of the line has yet.
     /// `None` when subscribing failed: the caller polls instead.
     pub(crate) async fn releases(&self) -> Option<watch::Receiver<u64>> {

@@ -36,7 +36,6 @@ struct Section {
 type Sections = Arc<Mutex<Vec<Section>>>;
 
 struct Worker {
-    number: usize,
     child: Child,
 }
 
@@ -60,7 +59,7 @@ impl Worker {
                 sections.lock().unwrap().push(section);
             }
         });
-        Worker { number, child }
+        Worker { child }
     }
 
     fn signal(&self, signal: &str) {

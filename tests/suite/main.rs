@@ -6,6 +6,7 @@ mod behaviour;
 mod chaos;
 mod cluster;
 mod crash;
+mod hand_off;
 mod http;
 mod lease;
 mod outage;

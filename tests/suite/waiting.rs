@@ -1,12 +1,21 @@
 //! Waiting without polling: a release wakes the waiter, one client's tasks queue
-//! locally in order, and a lost notification costs at most one pause.
+//! locally in order, and a lost notification costs at most one pause. Hand-off is
+//! off here, so that each section goes to Redis (`hand_off.rs` has it on).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockOptions};
 use lock_tests::RedisServer;
 use tokio::time::Instant;
+
+/// A client that releases every lock to Redis, however many of its tasks wait.
+async fn without_hand_off(redis: &RedisServer) -> LockClient {
+    let config = ClientConfig::new().hand_off(0, Duration::ZERO);
+    LockClient::connect_with(&redis.url(), config)
+        .await
+        .unwrap()
+}
 
 fn patient(retry_wait: Duration) -> LockOptions {
     LockOptions::new()
@@ -41,7 +50,7 @@ async fn a_release_wakes_the_waiter_long_before_its_pause_ends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_of_one_client_queue_locally_in_order() {
     let redis = RedisServer::start();
-    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let client = without_hand_off(&redis).await;
     let first = client
         .acquire("printer", &LockOptions::new())
         .await
@@ -122,7 +131,7 @@ async fn a_lost_notification_costs_at_most_one_pause() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_sees_one_waiter_per_client() {
     let redis = RedisServer::start();
-    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let client = without_hand_off(&redis).await;
     const TASKS: u64 = 16;
     const SECTIONS: u64 = 20;
     let tasks: Vec<_> = (0..TASKS)

@@ -7,10 +7,9 @@ use tokio::time::Instant;
 use super::{Acquirer, busy, timeout};
 use crate::LockError;
 use crate::backend::Attempt;
-use crate::hold::Grant;
+use crate::hold::{ClientTurn, Grant};
 use crate::key::LockName;
 use crate::options::Plan;
-use crate::queue::Turn;
 
 /// Asks Redis for `name` during the client's `turn`, sleeping between attempts
 /// until a release is signalled or the holder's lease would end, whichever is
@@ -18,7 +17,7 @@ use crate::queue::Turn;
 pub(super) async fn until_granted(
     acquirer: &Acquirer,
     name: Arc<LockName>,
-    turn: Turn,
+    turn: ClientTurn,
     plan: &Plan,
     started: Instant,
     deadline: Instant,
@@ -42,7 +41,7 @@ pub(super) async fn until_granted(
                 return Ok(Grant {
                     name,
                     token,
-                    fence,
+                    counter: fence,
                     sent_at,
                     turn,
                 });

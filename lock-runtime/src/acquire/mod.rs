@@ -1,6 +1,7 @@
 //! The way to a hold. An acquire inside a hold of the same key re-enters it;
-//! otherwise it queues behind the client's other tasks for the key, then asks Redis
-//! until it is granted or its time budget runs out.
+//! otherwise it queues behind the client's other tasks for the key, takes over what
+//! the task before it handed on, or else asks Redis until it is granted or its time
+//! budget runs out.
 
 mod attempts;
 
@@ -11,18 +12,18 @@ use tokio::time::Instant;
 
 use crate::LockError;
 use crate::backend::Backend;
-use crate::hold::{Holds, Level, LockGuard};
+use crate::hold::{ClientQueues, Holds, Level, LockGuard};
 use crate::key::LockName;
-use crate::options::Plan;
-use crate::queue::Queues;
+use crate::options::{HandOff, Plan};
 
 /// One client's way of taking locks: its identity, its local lines, its holds.
 pub(crate) struct Acquirer {
     id: u64,
     tokens: Tokens,
     backend: Arc<Backend>,
-    queues: Arc<Queues>,
+    queues: Arc<ClientQueues>,
     holds: Arc<Holds>,
+    hand_off: HandOff,
 }
 
 /// Acquisition tokens: random per client, numbered per attempt, so that no two
@@ -33,7 +34,7 @@ struct Tokens {
 }
 
 impl Acquirer {
-    pub(crate) fn new(backend: Arc<Backend>) -> Acquirer {
+    pub(crate) fn new(backend: Arc<Backend>, hand_off: HandOff) -> Acquirer {
         static CLIENTS: AtomicU64 = AtomicU64::new(0);
         let id = CLIENTS.fetch_add(1, Ordering::Relaxed);
         Acquirer {
@@ -42,15 +43,16 @@ impl Acquirer {
                 client: uuid::Uuid::new_v4().simple().to_string(),
                 issued: AtomicU64::new(0),
             },
-            queues: Queues::new(backend.clone()),
-            holds: Holds::new(id, backend.clone()),
+            queues: ClientQueues::new(backend.clone()),
+            holds: Holds::new(id, backend.clone(), hand_off),
+            hand_off,
             backend,
         }
     }
 
     /// Another client's way on the same store.
     pub(crate) fn peer(&self) -> Acquirer {
-        Acquirer::new(self.backend.clone())
+        Acquirer::new(self.backend.clone(), self.hand_off)
     }
 
     pub(crate) fn backend(&self) -> &Backend {
@@ -71,6 +73,13 @@ impl Acquirer {
                 .map_err(|_| timeout(&name, 0, started))?
         } else {
             place.try_turn().ok_or_else(|| busy(&name))?
+        };
+        let turn = match turn.take_handed() {
+            Some(handed) => match self.holds.take_over(handed, turn, &plan).await {
+                Ok(guard) => return Ok(guard),
+                Err(turn) => turn,
+            },
+            None => turn,
         };
         let grant = attempts::until_granted(self, name, turn, &plan, started, deadline).await?;
         Ok(self.holds.start(grant, &plan))

@@ -82,6 +82,12 @@ impl Backend {
         }
     }
 
+    /// Whether a lock may pass from task to task of one client without a round
+    /// trip. Not on Redlock: each master would have to agree that it moved.
+    pub(crate) fn hands_off(&self) -> bool {
+        !matches!(self.store, Store::Redlock(_))
+    }
+
     pub(crate) fn background(&self) -> &Background {
         &self.background
     }

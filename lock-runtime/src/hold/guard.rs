@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
+use super::acquisition::Ending;
 use super::{Hold, scope};
 use crate::LockError;
 use crate::options::MAX_LEASE;
@@ -52,7 +53,7 @@ impl LockGuard {
 
     /// The key, as the caller gave it.
     pub fn key(&self) -> &str {
-        &self.hold.name.key
+        &self.hold.name().key
     }
 
     /// The fencing token of this acquisition, when `fencing(true)` was asked for.
@@ -73,7 +74,7 @@ impl LockGuard {
     /// without being renewed, or (for a re-entered guard) the outer hold ended.
     /// Never completes while the lock is held.
     pub async fn lost(&self) {
-        self.hold.lease.ended().await
+        self.hold.ended().await
     }
 
     /// Runs `future` inside this hold: acquiring the same key on the same client
@@ -129,7 +130,7 @@ impl LockGuard {
                 key: self.key().to_owned(),
             });
         }
-        self.hold.extend(lease).await
+        self.hold.acquisition.extend(lease).await
     }
 
     /// Releases the lock, or, for a re-entered guard, ends its section. `NotHeld`
@@ -142,8 +143,11 @@ impl LockGuard {
         };
         match role {
             Role::Owner => {
-                let (was_held, releasing) = self.hold.end();
-                let freed = releasing.await?;
+                let (was_held, ending) = self.hold.end();
+                let freed = match ending {
+                    Ending::HandedOn => true,
+                    Ending::Releasing(releasing) => releasing.await?,
+                };
                 if was_held && freed {
                     Ok(())
                 } else {

@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::Hold;
+use super::acquisition::Acquisition;
 
 /// How long the keeper sleeps at most while holds are pending, so that a new hold
 /// due later than that needs no wake-up.
@@ -34,7 +34,7 @@ pub(super) enum Care {
 
 #[derive(Default)]
 pub(super) struct Keeper {
-    schedule: Mutex<BTreeMap<Due, Weak<Hold>>>,
+    schedule: Mutex<BTreeMap<Due, Weak<Acquisition>>>,
     entries: AtomicU64,
     /// When the keeper task looks next, in nanoseconds since `EPOCH`; `u64::MAX`
     /// while it waits for work.
@@ -45,7 +45,12 @@ pub(super) struct Keeper {
 
 impl Keeper {
     /// Has `hold` looked after from `at` on, by the keeper task on `runtime`.
-    pub(super) fn watch(self: &Arc<Self>, hold: &Arc<Hold>, at: Instant, runtime: &Handle) -> Due {
+    pub(super) fn watch(
+        self: &Arc<Self>,
+        hold: &Arc<Acquisition>,
+        at: Instant,
+        runtime: &Handle,
+    ) -> Due {
         let due = (at, self.entries.fetch_add(1, Ordering::Relaxed));
         self.schedule().insert(due, Arc::downgrade(hold));
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
@@ -64,7 +69,7 @@ impl Keeper {
         self.schedule().remove(&due);
     }
 
-    fn schedule(&self) -> std::sync::MutexGuard<'_, BTreeMap<Due, Weak<Hold>>> {
+    fn schedule(&self) -> std::sync::MutexGuard<'_, BTreeMap<Due, Weak<Acquisition>>> {
         self.schedule.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -129,7 +134,7 @@ fn nanos(at: Instant) -> u64 {
 }
 
 /// Gives a hold that has lasted a task of its own, unless it ended meanwhile.
-fn keep(hold: &Arc<Hold>) {
+fn keep(hold: &Arc<Acquisition>) {
     let mut care = hold.care();
     if let Care::Scheduled(_) = &*care {
         let keeping = keep_until_lost(Arc::downgrade(hold));
@@ -140,7 +145,7 @@ fn keep(hold: &Arc<Hold>) {
 /// With the watchdog, renews the lease every third of it; once the lease is over,
 /// lets the client's next task in line go to Redis even if the guard lives on.
 /// Aborted when the hold ends.
-async fn keep_until_lost(hold: Weak<Hold>) {
+async fn keep_until_lost(hold: Weak<Acquisition>) {
     renew_while_held(&hold).await;
     let Some(hold) = hold.upgrade() else { return };
     hold.lease.ended().await;
@@ -149,7 +154,7 @@ async fn keep_until_lost(hold: Weak<Hold>) {
 
 /// Renewal errors are retried until the lease has run out; a refusal means the
 /// lock is gone.
-async fn renew_while_held(hold: &Weak<Hold>) {
+async fn renew_while_held(hold: &Weak<Acquisition>) {
     let Some((lease, renew_until, mut next)) = hold.upgrade().and_then(|hold| {
         let lease = hold.watchdog_lease?;
         let renew_until = hold.max_hold.map(|max_hold| hold.acquired_at + max_hold);
@@ -174,7 +179,7 @@ async fn renew_while_held(hold: &Weak<Hold>) {
         {
             Ok(true) if hold.lease.renewed(sent_at, lease) => next = sent_at + every,
             Ok(_) => return hold.mark_lost(),
-            Err(_) if !hold.is_held() => return hold.mark_lost(),
+            Err(_) if !hold.lease.is_valid() => return hold.mark_lost(),
             Err(_) => next = Instant::now() + retry_every,
         }
     }

@@ -1,0 +1,202 @@
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use super::keeper::Care;
+use super::lease::Lease;
+use super::{ClientTurn, Holds, PassTurn};
+use crate::LockError;
+use crate::backend::Finishing;
+use crate::key::LockName;
+use crate::options::HandOff;
+use crate::options::Plan;
+
+/// One acquisition that reached Redis: its token, its lease, and the client's turn
+/// for the key. It is held by one guard at a time, the one it was granted to and then
+/// each one it is handed to, and the keeper renews it while any of them holds it.
+pub(crate) struct Acquisition {
+    pub(super) holds: Arc<Holds>,
+    pub(super) name: Arc<LockName>,
+    pub(super) token: Arc<str>,
+    /// The fencing counter Redis issued with it.
+    pub(super) counter: Option<u64>,
+    pub(super) lease: Lease,
+    pub(super) acquired_at: Instant,
+    pub(super) watchdog_lease: Option<Duration>,
+    pub(super) max_hold: Option<Duration>,
+    pub(super) care: Mutex<Care>,
+    pub(super) runtime: Handle,
+    turn: Mutex<Option<ClientTurn>>,
+    /// How many times it was handed on.
+    handed_on: AtomicU32,
+    released: AtomicBool,
+}
+
+/// How a hold ended.
+pub(super) enum Ending {
+    /// The acquisition went on to the next task in line, with no round trip.
+    HandedOn,
+    /// It was released to Redis; resolves to whether it freed the lock.
+    Releasing(Finishing<Result<bool, LockError>, PassTurn>),
+}
+
+impl Acquisition {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        holds: Arc<Holds>,
+        name: Arc<LockName>,
+        token: Arc<str>,
+        counter: Option<u64>,
+        sent_at: Instant,
+        plan: &Plan,
+        turn: ClientTurn,
+    ) -> Acquisition {
+        Acquisition {
+            holds,
+            name,
+            token,
+            counter,
+            lease: Lease::new(sent_at, plan.lease),
+            acquired_at: sent_at,
+            watchdog_lease: plan.watchdog.then_some(plan.lease),
+            max_hold: plan.max_hold,
+            care: Mutex::new(Care::Ended),
+            runtime: Handle::current(),
+            turn: Mutex::new(Some(turn)),
+            handed_on: AtomicU32::new(0),
+            released: AtomicBool::new(false),
+        }
+    }
+
+    pub(super) fn care(&self) -> std::sync::MutexGuard<'_, Care> {
+        self.care.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn turn(&self) -> std::sync::MutexGuard<'_, Option<ClientTurn>> {
+        self.turn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fencing token of the hold it is granted or handed to now: the Redis
+    /// counter times 2^16 plus the number of hand-offs before it, so tokens keep
+    /// growing along a chain of hand-offs and across acquisitions.
+    fn fence(&self, handed_on: u32) -> Option<u64> {
+        self.counter
+            .map(|counter| (counter << HAND_OFF_BITS) | u64::from(handed_on))
+    }
+
+    /// The token of the first hold.
+    pub(super) fn first_fence(&self) -> Option<u64> {
+        self.fence(0)
+    }
+
+    /// Takes it over from the hold before, during `turn`, if `plan` asks for nothing
+    /// it cannot give: it must renew a lease of the same length with no cap, and
+    /// carry a fencing counter if a token is asked for. Returns the new hold's token.
+    pub(super) fn take_over(
+        &self,
+        turn: ClientTurn,
+        plan: &Plan,
+    ) -> Result<Option<u64>, ClientTurn> {
+        let fits = self.lease.is_valid()
+            && plan.watchdog
+            && self.watchdog_lease == Some(plan.lease)
+            && plan.max_hold.is_none()
+            && self.max_hold.is_none()
+            && (!plan.fencing || self.counter.is_some());
+        if !fits {
+            return Err(turn);
+        }
+        *self.turn() = Some(turn);
+        let handed_on = self.handed_on.load(Ordering::Relaxed);
+        Ok(self.fence(handed_on))
+    }
+
+    /// The lease is gone for good: the client's next task in line may go to Redis.
+    pub(super) fn mark_lost(&self) {
+        // The turn first: whoever the loss wakes may take the lock again at once.
+        drop(self.turn().take());
+        self.lease.end();
+    }
+
+    /// Sets the lease to `lease` from now, if the token still holds the lock.
+    pub(super) async fn extend(&self, lease: Duration) -> Result<(), LockError> {
+        let sent_at = Instant::now();
+        let backend = &self.holds.backend;
+        let renewed = backend.renew(&self.name, &self.token, lease).await?;
+        if renewed && self.lease.renewed(sent_at, lease) {
+            return Ok(());
+        }
+        self.mark_lost();
+        Err(LockError::NotHeld {
+            key: self.name.key.clone(),
+        })
+    }
+
+    /// Hands it to the next task of the client waiting for the key, within the
+    /// client's bounds on hand-offs, or else releases it to Redis.
+    pub(super) fn hand_on_or_release(self: &Arc<Self>) -> Ending {
+        let mut turn = self.turn().take();
+        if let Some(current) = turn.take() {
+            let handed_on = self.handed_on.load(Ordering::Relaxed);
+            if self.may_be_handed_on(handed_on) {
+                self.handed_on.store(handed_on + 1, Ordering::Relaxed);
+                match current.hand_on(self.clone()) {
+                    Ok(()) => return Ending::HandedOn,
+                    Err((current, _)) => {
+                        self.handed_on.store(handed_on, Ordering::Relaxed);
+                        turn = Some(current);
+                    }
+                }
+            } else {
+                turn = Some(current);
+            }
+        }
+        Ending::Releasing(self.release(turn))
+    }
+
+    /// Stops renewing, then frees the lock in Redis in the background and passes
+    /// `turn` on once it is freed. The delete is scoped to the token, so it is sent
+    /// even after a loss, in case a renewal that timed out here was applied.
+    pub(super) fn release(
+        &self,
+        turn: Option<ClientTurn>,
+    ) -> Finishing<Result<bool, LockError>, PassTurn> {
+        self.released.store(true, Ordering::Relaxed);
+        match std::mem::replace(&mut *self.care(), Care::Ended) {
+            Care::Scheduled(due) => self.holds.keeper.forget(due),
+            Care::Kept(task) => task.abort(),
+            Care::Ended => {}
+        }
+        self.lease.end();
+        let (name, token) = (self.name.clone(), self.token.clone());
+        self.holds
+            .backend
+            .release_finishing(&self.runtime, name, token, PassTurn(turn))
+    }
+
+    /// Within the client's bounds, on a store where hand-off is sound, and with a
+    /// renewed lease that is still valid.
+    fn may_be_handed_on(&self, handed_on: u32) -> bool {
+        let HandOff { most, within } = self.holds.hand_off;
+        self.holds.backend.hands_off()
+            && handed_on < u32::from(most)
+            && self.acquired_at.elapsed() < within
+            && self.watchdog_lease.is_some()
+            && self.lease.is_valid()
+    }
+}
+
+/// Bits of a fencing token that number the hand-offs of one acquisition.
+pub(super) const HAND_OFF_BITS: u32 = 16;
+
+impl Drop for Acquisition {
+    /// Left in the line with nobody to take it: released in the background.
+    fn drop(&mut self) {
+        if !self.released.load(Ordering::Relaxed) {
+            drop(self.release(None));
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Hand-off within a client: a lock passes from task to task with no round trip,
+//! within the client's bounds, keeps one owner at a time, and keeps fencing tokens
+//! growing along the chain.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use lock_runtime::history::History;
+use lock_runtime::{ClientConfig, LockClient, LockError, LockGuard, LockOptions};
+use lock_tests::RedisServer;
+
+async fn client_with(redis: &RedisServer, most: u16, within: Duration) -> LockClient {
+    let config = ClientConfig::new().hand_off(most, within);
+    LockClient::connect_with(&redis.url(), config)
+        .await
+        .unwrap()
+}
+
+/// Queues `tasks` tasks of `client` behind `first`, then lets `first` go; each task
+/// holds the lock briefly. Returns the history of their holdings.
+async fn queue_behind(
+    client: &LockClient,
+    first: LockGuard,
+    tasks: usize,
+    options: &LockOptions,
+) -> Arc<History> {
+    let history = Arc::new(History::new());
+    let mut waiting = Vec::new();
+    for task in 0..tasks {
+        let (client, options, history) = (client.clone(), options.clone(), history.clone());
+        waiting.push(tokio::spawn(async move {
+            let guard = client.acquire("press", &options).await.unwrap();
+            let from = SystemTime::now();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            assert!(guard.is_held());
+            history.record_guard(format!("task {task}"), &guard, from);
+            guard.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.release().await.unwrap();
+    for task in waiting {
+        task.await.unwrap();
+    }
+    history
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_hand_offs_asks_redis_nothing_and_tokens_keep_growing() {
+    let redis = RedisServer::start();
+    let client = client_with(&redis, 32, Duration::from_secs(10)).await;
+    let options = LockOptions::new().fencing(true);
+    let first = client.acquire("press", &options).await.unwrap();
+    let first_token = first.fencing_token().unwrap();
+    let calls = redis.lock_calls();
+    let history = queue_behind(&client, first, 10, &options).await;
+    assert_eq!(
+        redis.lock_calls() - calls,
+        1,
+        "ten hand-offs, then one release to Redis"
+    );
+    assert_eq!(
+        history.check(),
+        Ok(10),
+        "holders overlapped or tokens went back"
+    );
+
+    let next = client.acquire("press", &options).await.unwrap();
+    assert!(
+        next.fencing_token().unwrap() > first_token + 10,
+        "the next acquisition's token is above every token of the chain"
+    );
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_off_stops_at_its_bound_and_goes_back_to_redis() {
+    let redis = RedisServer::start();
+    let client = client_with(&redis, 3, Duration::from_secs(10)).await;
+    let options = LockOptions::new();
+    let first = client.acquire("press", &options).await.unwrap();
+    let calls = redis.lock_calls();
+    queue_behind(&client, first, 10, &options).await;
+    // Eleven holds in chains of at most four: three acquisitions, the first one
+    // taken already, and three releases.
+    assert_eq!(redis.lock_calls() - calls, 2 + 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_needs_more_than_the_hold_gives_goes_to_redis() {
+    let redis = RedisServer::start();
+    let client = client_with(&redis, 32, Duration::from_secs(10)).await;
+    let first = client.acquire("press", &LockOptions::new()).await.unwrap();
+    let calls = redis.lock_calls();
+    let fenced = LockOptions::new().fencing(true);
+    let history = queue_behind(&client, first, 1, &fenced).await;
+    assert_eq!(history.check(), Ok(1));
+    // The unfenced acquisition is released, the waiter takes a fenced one, and
+    // releases it: a script that sets (counted twice), and two releases.
+    assert_eq!(redis.lock_calls() - calls, 1 + 2 + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_that_handed_its_lock_on_holds_nothing() {
+    let redis = RedisServer::start();
+    let client = client_with(&redis, 32, Duration::from_secs(10)).await;
+    let other = LockClient::connect(&redis.url()).await.unwrap();
+    let options = LockOptions::new();
+    let first = client.acquire("press", &options).await.unwrap();
+    let view = first
+        .scope(client.acquire("press", &options))
+        .await
+        .unwrap();
+    let next = tokio::spawn({
+        let client = client.clone();
+        let options = options.clone();
+        async move { client.acquire("press", &options).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    first.release().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+    assert!(next.is_held());
+    assert!(!view.is_held(), "a view of the first hold outlived it");
+    assert!(
+        matches!(view.release().await, Err(LockError::NotHeld { .. })),
+        "the first hold's view cannot end the next hold"
+    );
+    assert!(next.is_held());
+    assert!(
+        other
+            .try_acquire("press", &options)
+            .await
+            .unwrap()
+            .is_none(),
+        "the lock stayed held across the hand-off"
+    );
+    next.release().await.unwrap();
+    assert!(
+        other
+            .try_acquire("press", &options)
+            .await
+            .unwrap()
+            .is_some(),
+        "the last holder released it to Redis"
+    );
+}
