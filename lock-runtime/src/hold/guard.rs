@@ -56,9 +56,11 @@ impl LockGuard {
         &self.hold.name().key
     }
 
-    /// The fencing token of this acquisition, when `fencing(true)` was asked for.
-    /// Tokens of one key only grow, so a store that remembers the largest token it
-    /// has seen can refuse the writes of a holder that lost the lock.
+    /// The fencing token of this hold, when `fencing(true)` was asked for. Tokens of
+    /// one key only grow, so a store that remembers the largest token it has seen can
+    /// refuse the writes of a holder that lost the lock. A token is the counter Redis
+    /// issued times 2^16 plus the number of hand-offs within the client before this
+    /// hold; a re-entered guard shows its hold's token.
     pub fn fencing_token(&self) -> Option<u64> {
         self.hold.fence
     }
