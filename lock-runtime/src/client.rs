@@ -161,7 +161,7 @@ impl LockClient {
     async fn connect_to(target: Target, config: ClientConfig) -> Result<LockClient, LockError> {
         let signals = Arc::new(Signals::default());
         let node = RedisNode::connect(target, &config, signals.clone()).await?;
-        let backend = Backend::new(Store::Redis(node), signals);
+        let backend = Backend::new(Store::Redis(Box::new(node)), signals);
         Ok(Self::with_backend(backend, &config))
     }
 

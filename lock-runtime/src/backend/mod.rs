@@ -42,7 +42,7 @@ pub(crate) enum Attempt {
 }
 
 pub(crate) enum Store {
-    Redis(RedisNode),
+    Redis(Box<RedisNode>),
     Memory(MemoryStore),
     Redlock(Redlock),
 }
