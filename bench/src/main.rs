@@ -33,7 +33,8 @@ usage: lock-bench [--out PATH] [--quick] [--rounds N] [--raw-retry-ms MS] [--onl
   --raw-retry-ms MS  the raw protocol's sleep between tries (default 10)
   --only SLUGS       run only these scenarios: uncontended-1, uncontended-64, hot-16,
                      hot-256, hot-1000, processes-4x64
-  --peers IDS        run only these implementations: library, raw, rslock, rslock-fast
+  --peers IDS        run only these implementations: library, raw, rslock, rslock-fast,
+                     serial (no lock: the hot-key section by one task, the ceiling)
 ";
 
 struct Options {
@@ -236,11 +237,14 @@ async fn bench(options: &Options) -> Report {
                     .iter()
                     .position(|known| known == kind)
                     .expect("a known implementation");
+                let Some(run_by) = scenario.as_run_by(*kind) else {
+                    continue;
+                };
                 let prefix = format!("bench:{}:{}:round-{round}", scenario.slug, kind.id());
                 let run = match participant {
                     Ok(participant) => {
                         timed_run(
-                            &scenario,
+                            &run_by,
                             *kind,
                             participant,
                             &url,
@@ -263,12 +267,15 @@ async fn bench(options: &Options) -> Report {
             }
         }
         for (index, kind) in PeerKind::ALL.into_iter().enumerate() {
+            let Some(run_by) = scenario.as_run_by(kind) else {
+                continue;
+            };
             if !options.peers.contains(&kind) {
                 continue;
             }
             let prefix = format!("bench:{}:{}:counted", scenario.slug, kind.id());
             let counted = count_once(
-                &scenario,
+                &run_by,
                 kind,
                 server.port(),
                 &checker,

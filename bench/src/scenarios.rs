@@ -52,6 +52,23 @@ pub(crate) struct Scenario {
     pub(crate) rounds: usize,
 }
 
+impl Scenario {
+    /// How `kind` runs this scenario: as it is, or, for the serial limit, the same
+    /// number of sections by one task in this process. `None` where it does not
+    /// apply (the limit of a scenario without sections).
+    pub(crate) fn as_run_by(&self, kind: PeerKind) -> Option<Scenario> {
+        if kind != PeerKind::SerialLimit {
+            return Some(self.clone());
+        }
+        (self.contention == Contention::HotKey).then(|| Scenario {
+            processes: 1,
+            tasks: 1,
+            sections: self.processes * self.tasks * self.sections,
+            ..self.clone()
+        })
+    }
+}
+
 /// What the tasks of one run did.
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
