@@ -189,6 +189,7 @@ impl Report {
         let mut out = String::new();
         self.write_header(&mut out);
         self.write_table(&mut out);
+        self.write_shares(&mut out);
         self.write_targets(&mut out);
         self.write_method(&mut out);
         self.write_breakdown(&mut out);
@@ -221,6 +222,74 @@ impl Report {
              the absolute times: another run here can move every number by tens of percent.\n",
             self.cores, self.redis_version
         );
+    }
+
+    /// Per-process fairness where several processes share the hot key.
+    fn write_shares(&self, out: &mut String) {
+        let several = self
+            .results
+            .iter()
+            .filter(|result| result.scenario.processes > 1);
+        let mut lines = Vec::new();
+        for result in several {
+            for measured in result
+                .peers
+                .iter()
+                .filter(|measured| !measured.rounds.is_empty())
+            {
+                let rounds: Vec<String> = measured
+                    .rounds
+                    .iter()
+                    .filter(|run| !run.tally.shares.is_empty())
+                    .map(|run| {
+                        let shares: Vec<String> = run
+                            .tally
+                            .shares
+                            .iter()
+                            .map(|share| format!("{share:.2}"))
+                            .collect();
+                        shares.join(" / ")
+                    })
+                    .collect();
+                if rounds.is_empty() {
+                    continue;
+                }
+                let all: Vec<f64> = measured
+                    .rounds
+                    .iter()
+                    .flat_map(|run| run.tally.shares.iter().copied())
+                    .collect();
+                let lowest = all.iter().copied().fold(f64::INFINITY, f64::min);
+                let highest = all.iter().copied().fold(0.0, f64::max);
+                lines.push(format!(
+                    "| {} | {} | {lowest:.2} | {highest:.2} | {} |",
+                    result.scenario.name,
+                    self.label(measured.kind),
+                    rounds.join("; ")
+                ));
+            }
+        }
+        if lines.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "## Shares per process
+"
+        );
+        let _ = writeln!(
+            out,
+            "Each process's sections done while every process was still running (until \
+             the first one finished its work), against an equal split: 1.00 is a fair share.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| Scenario | Implementation | Lowest | Highest | Round by round |\n|---|---|--:|--:|---|"
+        );
+        for line in lines {
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = writeln!(out);
     }
 
     fn write_table(&self, out: &mut String) {

@@ -78,6 +78,11 @@ pub(crate) struct Tally {
     pub(crate) increments: u64,
     pub(crate) failures: u64,
     pub(crate) waits: Vec<Duration>,
+    /// When each section ended, from its task's start.
+    pub(crate) ends: Vec<Duration>,
+    /// With several processes: each one's share of the sections done while all of
+    /// them ran (until the first finished), 1.0 being a fair share.
+    pub(crate) shares: Vec<f64>,
     /// How long each release took; not reported by worker processes.
     pub(crate) releases: Vec<Duration>,
     /// What the implementation's processes used for the run, all threads; set for
@@ -104,8 +109,27 @@ impl Tally {
         }
         self.failures += other.failures;
         self.waits.extend(other.waits);
+        self.ends.extend(other.ends);
         self.releases.extend(other.releases);
     }
+}
+
+/// Each process's sections done before the first process finished, against an
+/// equal split of them.
+fn shares(processes: &[Tally]) -> Vec<f64> {
+    let Some(first_done) = processes
+        .iter()
+        .filter_map(|tally| tally.ends.iter().max())
+        .min()
+    else {
+        return Vec::new();
+    };
+    let done: Vec<usize> = processes
+        .iter()
+        .map(|tally| tally.ends.iter().filter(|end| *end <= first_done).count())
+        .collect();
+    let fair = done.iter().sum::<usize>() as f64 / processes.len() as f64;
+    done.iter().map(|&count| count as f64 / fair).collect()
 }
 
 /// One timed run.
@@ -336,6 +360,7 @@ async fn take_turns(
     sections: usize,
 ) -> Tally {
     let mut tally = Tally::default();
+    let began = Instant::now();
     for _ in 0..sections {
         let asked = Instant::now();
         let held = match peer.acquire(key).await {
@@ -357,7 +382,10 @@ async fn take_turns(
         let released = peer.release(held).await;
         tally.releases.push(releasing.elapsed());
         match (section, released) {
-            (Ok(()), Ok(())) => tally.completed += 1,
+            (Ok(()), Ok(())) => {
+                tally.completed += 1;
+                tally.ends.push(began.elapsed());
+            }
             (Err(error), _) => tally.fail(format!("section: {error}")),
             (_, Err(error)) => tally.fail(format!("release: {error}")),
         }
@@ -561,13 +589,14 @@ async fn run_processes(
     }
     let mut tally = Tally::default();
     let mut usage = Some(Usage::default());
+    let mut reports = Vec::new();
     for worker in &mut workers {
         match tokio::time::timeout(WORKER_PATIENCE, worker.report()).await {
             Ok(Ok(report)) => {
                 usage = usage
                     .zip(report.usage)
                     .map(|(sum, worker)| sum.plus(worker));
-                tally.merge(report);
+                reports.push(report);
             }
             Ok(Err(error)) => {
                 usage = None;
@@ -579,8 +608,14 @@ async fn run_processes(
             }
         }
     }
-    tally.usage = usage;
     let elapsed = started.elapsed();
+    if reports.len() == workers.len() {
+        tally.shares = shares(&reports);
+    }
+    for report in reports {
+        tally.merge(report);
+    }
+    tally.usage = usage;
     for mut worker in workers {
         let _ = worker.child.wait().await;
     }
@@ -659,12 +694,18 @@ pub(crate) fn format_done(tally: &Tally) -> String {
     let (cpu, switches) = tally.usage.map_or((-1, -1), |usage| {
         (usage.cpu.as_micros() as i64, usage.switches as i64)
     });
+    let ends: Vec<String> = tally
+        .ends
+        .iter()
+        .map(|end| end.as_micros().to_string())
+        .collect();
     format!(
-        "DONE {} {} {} {cpu} {switches} {}",
+        "DONE {} {} {} {cpu} {switches} {} {}",
         tally.completed,
         tally.increments,
         tally.failures,
-        waits.join(",")
+        waits.join(","),
+        ends.join(",")
     )
 }
 
@@ -681,18 +722,23 @@ fn parse_done(done: &str) -> Option<Tally> {
             cpu: Duration::from_micros(cpu),
             switches,
         });
-    let waits = fields
-        .next()
-        .unwrap_or("")
-        .split(',')
-        .filter(|wait| !wait.is_empty())
-        .map(|wait| wait.parse().ok().map(Duration::from_micros))
-        .collect::<Option<Vec<_>>>()?;
+    let mut durations = || {
+        fields
+            .next()
+            .unwrap_or("")
+            .split(',')
+            .filter(|micros| !micros.is_empty())
+            .map(|micros| micros.parse().ok().map(Duration::from_micros))
+            .collect::<Option<Vec<_>>>()
+    };
+    let (waits, ends) = (durations()?, durations()?);
     Some(Tally {
         completed,
         increments,
         failures,
         waits,
+        ends,
+        shares: Vec::new(),
         releases: Vec::new(),
         usage,
         errors: Vec::new(),
@@ -710,6 +756,8 @@ mod tests {
             increments: 3,
             failures: 1,
             waits: vec![Duration::from_micros(5), Duration::from_micros(70)],
+            ends: vec![Duration::from_micros(90), Duration::from_micros(300)],
+            shares: Vec::new(),
             releases: Vec::new(),
             usage: Some(Usage {
                 cpu: Duration::from_micros(1_234),
@@ -724,6 +772,7 @@ mod tests {
             (3, 3, 1)
         );
         assert_eq!(parsed.waits, tally.waits);
+        assert_eq!(parsed.ends, tally.ends);
         assert_eq!(parsed.usage, tally.usage);
     }
 }

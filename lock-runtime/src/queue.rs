@@ -27,6 +27,9 @@ struct Line<H> {
     releases: Option<Subscription>,
     /// What the last turn handed on to the next.
     handed: Option<H>,
+    /// The last turn released the lock while other clients waited: the next task
+    /// lets them go first.
+    others_first: bool,
 }
 
 /// A task's place in a key's line, from joining it until its turn ends. However it
@@ -61,6 +64,7 @@ impl<H> Queues<H> {
             places: 0,
             releases: None,
             handed: None,
+            others_first: false,
         });
         line.places += 1;
         Place {
@@ -129,6 +133,24 @@ impl<H> Turn<H> {
                 Err((self, handed))
             }
         }
+    }
+
+    /// Ends this turn, asking the next task in line, if any, to let other clients
+    /// go first.
+    pub(crate) fn let_others_go_first(self) {
+        let place = &self.place;
+        if let Some(line) = place.queues.lines().get_mut(&place.name.hash) {
+            line.others_first = line.places > 1;
+        }
+    }
+
+    /// Whether the previous turn asked this one to let other clients go first.
+    pub(crate) fn others_first(&self) -> bool {
+        let place = &self.place;
+        let mut lines = place.queues.lines();
+        lines
+            .get_mut(&place.name.hash)
+            .is_some_and(|line| std::mem::take(&mut line.others_first))
     }
 
     /// What the previous turn handed on, if anything.

@@ -30,9 +30,16 @@ async fn main() {
     // A short bound on calls, so that a frozen Redis gives errors and lost leases,
     // not stalls.
     let config = ClientConfig::new().command_timeout(Duration::from_millis(200));
-    let client = LockClient::connect_with(url, config)
-        .await
-        .expect("connect");
+    // Started during the faults, a worker may find Redis frozen: it tries again.
+    let client = loop {
+        match LockClient::connect_with(url, config.clone()).await {
+            Ok(client) => break client,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("no Redis until the deadline: {error}"),
+        }
+    };
     let options = LockOptions::new()
         .fencing(true)
         .lease(Duration::from_millis(300))

@@ -16,6 +16,10 @@ use crate::hold::{ClientQueues, Holds, Level, LockGuard};
 use crate::key::LockName;
 use crate::options::{HandOff, Plan};
 
+/// How long a task gives other clients to take a lock its client just released to
+/// them: a few round trips on a local network.
+const OTHERS_FIRST: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// One client's way of taking locks: its identity, its local lines, its holds.
 pub(crate) struct Acquirer {
     id: u64,
@@ -81,6 +85,11 @@ impl Acquirer {
             },
             None => turn,
         };
+        if turn.others_first() {
+            // Their waiters heard the release as this task got its turn: a moment's
+            // start lets one of them take the lock before this client again.
+            tokio::time::sleep(OTHERS_FIRST).await;
+        }
         let grant = attempts::until_granted(self, name, turn, &plan, started, deadline).await?;
         Ok(self.holds.start(grant, &plan))
     }

@@ -65,6 +65,7 @@ impl MemoryStore {
         }
     }
 
+    /// Whether `token` held the lock and freed it.
     pub(crate) fn release(&self, name: &LockName, token: &str) -> bool {
         let now = Instant::now();
         let mut state = self.state();

@@ -41,6 +41,15 @@ pub(crate) enum Attempt {
     },
 }
 
+/// What a release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// The token did not hold the lock; nothing was changed.
+    NotHeld,
+    /// The lock is free; `others_waiting` when waiters of other processes heard it.
+    Freed { others_waiting: bool },
+}
+
 pub(crate) enum Store {
     Redis(Box<RedisNode>),
     Memory(MemoryStore),
@@ -146,27 +155,43 @@ impl Backend {
         }
     }
 
-    /// Frees `name` if `token` holds it, and wakes its waiters: true when it did.
-    pub(crate) async fn release(&self, name: &LockName, token: &str) -> Result<bool, LockError> {
-        match &self.store {
-            Store::Redis(node) => node.release(name, token, true).await,
-            Store::Memory(memory) => Ok(memory.release(name, token)),
-            Store::Redlock(redlock) => redlock.release(name, token, true).await,
-        }
+    /// Frees `name` if `token` holds it, and wakes its waiters.
+    pub(crate) async fn release(
+        &self,
+        name: &LockName,
+        token: &str,
+    ) -> Result<Released, LockError> {
+        let listeners = match &self.store {
+            Store::Redis(node) => node.release(name, token, true).await?,
+            Store::Memory(memory) => memory.release(name, token).then_some(0),
+            Store::Redlock(redlock) => return redlock.release(name, token, true).await,
+        };
+        // This process's own subscriber is one of the listeners when it waits too.
+        let ours = u64::from(self.signals.watched(&name.channel));
+        Ok(match listeners {
+            None => Released::NotHeld,
+            Some(listeners) => Released::Freed {
+                others_waiting: listeners > ours,
+            },
+        })
     }
 
     /// Frees `name` if `token` holds it; the request completes on `runtime` even if
-    /// the caller goes, and `after` is dropped once it has.
-    pub(crate) fn release_finishing<O: Orphan<Result<bool, LockError>>>(
+    /// the caller goes, and then `after` sees what it did.
+    pub(crate) fn release_finishing(
         self: &Arc<Self>,
         runtime: &Handle,
         name: Arc<LockName>,
         token: Arc<str>,
-        after: O,
-    ) -> Finishing<Result<bool, LockError>, O> {
+        after: impl FnOnce(&Result<Released, LockError>) + Send + 'static,
+    ) -> Finishing<Result<Released, LockError>, NothingMore> {
         let backend = self.clone();
-        let request = async move { backend.release(&name, &token).await };
-        self.background.finishing(runtime, request, after)
+        let request = async move {
+            let released = backend.release(&name, &token).await;
+            after(&released);
+            released
+        };
+        self.background.finishing(runtime, request, NothingMore)
     }
 
     /// Resets the lease to `lease` from now if `token` still holds the lock.
@@ -240,6 +265,13 @@ impl Orphan<Result<Attempt, LockError>> for Claim {
             self.withdraw().await;
         }
     }
+}
+
+/// A request that has nothing more to do once it is done, caller or not.
+pub(crate) struct NothingMore;
+
+impl<T: Send + 'static> Orphan<T> for NothingMore {
+    async fn adopt(self, _answer: T) {}
 }
 
 impl Subscription {

@@ -139,20 +139,21 @@ impl RedisNode {
     }
 
     /// Frees the lock if `token` holds it; `notify` publishes the release to waiters.
+    /// `None` when the token did not hold it, else how many listeners it reached.
     pub(crate) async fn release(
         &self,
         name: &LockName,
         token: &str,
         notify: bool,
-    ) -> Result<bool, LockError> {
+    ) -> Result<Option<u64>, LockError> {
         let mut invocation = RELEASE.key(&name.hash);
         invocation.key(&name.channel).arg(token).arg(if notify {
             self.target.publish_command()
         } else {
             ""
         });
-        let freed: i64 = self.invoke_idempotent(name, &invocation).await?;
-        Ok(freed == 1)
+        let freed: u64 = self.invoke_idempotent(name, &invocation).await?;
+        Ok(freed.checked_sub(1))
     }
 
     pub(crate) async fn renew(

@@ -6,7 +6,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::signals::Signals;
-use super::{Attempt, RedisNode, Target};
+use super::{Attempt, RedisNode, Released, Target};
 use crate::key::LockName;
 use crate::options::clock_drift;
 use crate::{ClientConfig, LockError};
@@ -184,18 +184,21 @@ impl Redlock {
         name: &LockName,
         token: &str,
         notify: bool,
-    ) -> Result<bool, LockError> {
+    ) -> Result<Released, LockError> {
         let answers = self
             .on_every_node(name, token, move |node, name, token| async move {
                 node.release(&name, &token, notify).await
             })
             .await;
-        if answers.iter().any(|answer| matches!(answer, Ok(true))) {
-            return Ok(true);
+        if answers.iter().any(|answer| matches!(answer, Ok(Some(_)))) {
+            // Nothing is handed on over Redlock, so who else waits does not matter.
+            return Ok(Released::Freed {
+                others_waiting: false,
+            });
         }
         match answers.into_iter().find_map(Result::err) {
             Some(error) => Err(error),
-            None => Ok(false),
+            None => Ok(Released::NotHeld),
         }
     }
 

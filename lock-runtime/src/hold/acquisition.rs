@@ -7,9 +7,9 @@ use tokio::time::Instant;
 
 use super::keeper::Care;
 use super::lease::Lease;
-use super::{ClientTurn, Holds, PassTurn};
+use super::{ClientTurn, Holds};
 use crate::LockError;
-use crate::backend::Finishing;
+use crate::backend::{Finishing, NothingMore, Released};
 use crate::key::LockName;
 use crate::options::HandOff;
 use crate::options::Plan;
@@ -39,8 +39,8 @@ pub(crate) struct Acquisition {
 pub(super) enum Ending {
     /// The acquisition went on to the next task in line, with no round trip.
     HandedOn,
-    /// It was released to Redis; resolves to whether it freed the lock.
-    Releasing(Finishing<Result<bool, LockError>, PassTurn>),
+    /// It was released to Redis; resolves to what the release did.
+    Releasing(Finishing<Result<Released, LockError>, NothingMore>),
 }
 
 impl Acquisition {
@@ -157,13 +157,15 @@ impl Acquisition {
         Ending::Releasing(self.release(turn))
     }
 
-    /// Stops renewing, then frees the lock in Redis in the background and passes
-    /// `turn` on once it is freed. The delete is scoped to the token, so it is sent
-    /// even after a loss, in case a renewal that timed out here was applied.
+    /// Stops renewing, then frees the lock in Redis, finishing even if the caller
+    /// goes, and passes `turn` on once it is freed: to the next task of this client,
+    /// which lets other clients go first if the release woke some. The delete is
+    /// scoped to the token, so it is sent even after a loss, in case a renewal that
+    /// timed out here was applied.
     pub(super) fn release(
         &self,
         turn: Option<ClientTurn>,
-    ) -> Finishing<Result<bool, LockError>, PassTurn> {
+    ) -> Finishing<Result<Released, LockError>, NothingMore> {
         self.released.store(true, Ordering::Relaxed);
         match std::mem::replace(&mut *self.care(), Care::Ended) {
             Care::Scheduled(due) => self.holds.keeper.forget(due),
@@ -172,9 +174,21 @@ impl Acquisition {
         }
         self.lease.end();
         let (name, token) = (self.name.clone(), self.token.clone());
+        let pass_turn = move |released: &Result<Released, LockError>| {
+            let others_waiting = matches!(
+                released,
+                Ok(Released::Freed {
+                    others_waiting: true
+                })
+            );
+            match turn {
+                Some(turn) if others_waiting => turn.let_others_go_first(),
+                _ => drop(turn),
+            }
+        };
         self.holds
             .backend
-            .release_finishing(&self.runtime, name, token, PassTurn(turn))
+            .release_finishing(&self.runtime, name, token, pass_turn)
     }
 
     /// Within the client's bounds, on a store where hand-off is sound, and with a

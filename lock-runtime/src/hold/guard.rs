@@ -8,6 +8,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use super::acquisition::Ending;
 use super::{Hold, scope};
 use crate::LockError;
+use crate::backend::Released;
 use crate::options::MAX_LEASE;
 
 /// A held lock. Release it with [`release`](Self::release); dropping it releases in
@@ -148,7 +149,9 @@ impl LockGuard {
                 let (was_held, ending) = self.hold.end();
                 let freed = match ending {
                     Ending::HandedOn => true,
-                    Ending::Releasing(releasing) => releasing.await?,
+                    Ending::Releasing(releasing) => {
+                        matches!(releasing.await?, Released::Freed { .. })
+                    }
                 };
                 if was_held && freed {
                     Ok(())

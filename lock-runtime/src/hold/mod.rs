@@ -18,8 +18,7 @@ use self::acquisition::{Acquisition, Ending};
 pub use self::guard::LockGuard;
 use self::keeper::{Care, Keeper};
 pub(crate) use self::scope::Level;
-use crate::LockError;
-use crate::backend::{Backend, Orphan};
+use crate::backend::Backend;
 use crate::key::LockName;
 use crate::options::{HandOff, Plan};
 use crate::queue::{Queues, Turn};
@@ -164,15 +163,5 @@ impl Hold {
         self.over.store(true, Ordering::Release);
         self.ended.notify_waiters();
         (was_held, self.acquisition.hand_on_or_release())
-    }
-}
-
-/// The client's turn for a key, passed on once the lock is freed in Redis, so that
-/// the next task in line does not ask before then.
-pub(crate) struct PassTurn(Option<ClientTurn>);
-
-impl Orphan<Result<bool, LockError>> for PassTurn {
-    async fn adopt(self, _freed: Result<bool, LockError>) {
-        drop(self.0);
     }
 }
