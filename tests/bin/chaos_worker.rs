@@ -1,7 +1,8 @@
 //! A worker of the chaos test: tasks that take fenced, watchdog-renewed locks on a
 //! few hot keys until the deadline, and print each section as
-//! `<key> <token> <from ns> <until ns> <held>`, times since the Unix epoch, `held`
-//! being `is_held()` at the section's end (read after `until`, so a yes covers it).
+//! `<key> <token> <asked ns> <from ns> <until ns> <held>`, times since the Unix
+//! epoch, `held` being `is_held()` at the section's end (read after `until`, so a
+//! yes covers it).
 //!
 //! Usage: `chaos-worker <redis url> <keys,comma,separated> <tasks per key> <run ms>`
 
@@ -52,6 +53,7 @@ async fn main() {
             let (client, options, key) = (client.clone(), options.clone(), key.to_owned());
             workers.push(tokio::spawn(async move {
                 while Instant::now() < deadline {
+                    let asked = nanos_now();
                     let Ok(guard) = client.acquire(&key, &options).await else {
                         continue;
                     };
@@ -61,7 +63,7 @@ async fn main() {
                     let held = guard.is_held();
                     let token = guard.fencing_token().expect("fencing was asked for");
                     let _ = guard.release().await;
-                    let line = format!("{key} {token} {from} {until} {held}\n");
+                    let line = format!("{key} {token} {asked} {from} {until} {held}\n");
                     let _ = std::io::stdout().lock().write_all(line.as_bytes());
                 }
             }));

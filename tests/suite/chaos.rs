@@ -1,7 +1,9 @@
 //! Chaos: worker processes take fenced, watchdog-renewed locks on a few hot keys
 //! while the test pauses them (`SIGSTOP` past their lease), kills them and freezes
 //! Redis. No two sections whose holders still believed them held at their end
-//! overlap, tokens grow per key, and every key makes progress once the faults stop.
+//! overlap; per key, no token is issued twice and a section that ended before
+//! another asked for the lock has the smaller token, lost sections included; and
+//! every key makes progress once the faults stop.
 //!
 //! At least 10,000 sections by default; `LOCK_CHAOS_SECTIONS=100000` runs more.
 
@@ -28,6 +30,7 @@ struct Section {
     worker: usize,
     key: String,
     token: u64,
+    asked: SystemTime,
     from: SystemTime,
     until: SystemTime,
     held: bool,
@@ -81,7 +84,7 @@ impl Drop for Worker {
 
 fn parse(worker: usize, line: &str) -> Section {
     let fields: Vec<&str> = line.split(' ').collect();
-    let [key, token, from, until, held] = fields[..] else {
+    let [key, token, asked, from, until, held] = fields[..] else {
         panic!("a chaos worker said {line:?}");
     };
     let time = |nanos: &str| UNIX_EPOCH + Duration::from_nanos(nanos.parse().expect("ns"));
@@ -89,9 +92,44 @@ fn parse(worker: usize, line: &str) -> Section {
         worker,
         key: key.to_owned(),
         token: token.parse().expect("a token"),
+        asked: time(asked),
         from: time(from),
         until: time(until),
         held: held == "true",
+    }
+}
+
+/// Per key: no token twice, and every section's token is above the tokens of all
+/// sections that ended before it asked for the lock, whether they kept their
+/// lease or not.
+fn check_token_order(sections: &[Section]) {
+    for key in KEYS {
+        let mut by_end: Vec<&Section> = sections.iter().filter(|s| s.key == key).collect();
+        by_end.sort_by_key(|section| section.until);
+        let mut by_ask = by_end.clone();
+        by_ask.sort_by_key(|section| section.asked);
+        let mut tokens: Vec<u64> = by_end.iter().map(|section| section.token).collect();
+        tokens.sort_unstable();
+        if let Some(twice) = tokens.windows(2).find(|pair| pair[0] == pair[1]) {
+            panic!("`{key}`: token {} was issued twice", twice[0]);
+        }
+        let (mut ended, mut highest): (usize, Option<&Section>) = (0, None);
+        for section in by_ask {
+            while ended < by_end.len() && by_end[ended].until < section.asked {
+                if highest.is_none_or(|highest| by_end[ended].token > highest.token) {
+                    highest = Some(by_end[ended]);
+                }
+                ended += 1;
+            }
+            if let Some(earlier) = highest
+                && earlier.token >= section.token
+            {
+                panic!(
+                    "`{key}`: {section:?} asked after {earlier:?} had ended, yet has a token \
+                     no larger"
+                );
+            }
+        }
     }
 }
 
