@@ -85,7 +85,7 @@ impl Acquirer {
             },
             None => turn,
         };
-        if turn.others_first() {
+        if plan.spin && turn.others_first() {
             // Their waiters heard the release as this task got its turn: a moment's
             // start lets one of them take the lock before this client again.
             tokio::time::sleep(OTHERS_FIRST).await;
