@@ -1,6 +1,8 @@
 //! `LockError` as an HTTP response: contention is `423 Locked`, a lost or stale lock
-//! `409 Conflict`, Redis trouble `503 Service Unavailable`, and misuse `500`. The body
-//! is JSON naming the kind of error, the key and what to do.
+//! `409 Conflict`, Redis trouble `503 Service Unavailable`, and misuse `500`, with
+//! `Retry-After` on 423 and 503. The body names only the kind of error: keys (a
+//! default prefix is a module path) and Redis's error text (hosts, ports) are for
+//! the service's own logs, not for its callers.
 
 use crate::LockError;
 
@@ -18,7 +20,12 @@ impl LockError {
         }
     }
 
-    /// `{"error": "busy", "key": "order:42", "message": "..."}`.
+    /// Seconds a client should wait before trying again, for 423 and 503.
+    pub fn retry_after(&self) -> Option<u32> {
+        matches!(self.http_status(), 423 | 503).then_some(1)
+    }
+
+    /// `{"error": "busy"}`: the kind of error and nothing else.
     pub fn http_body(&self) -> String {
         let kind = match self {
             LockError::Busy { .. } => "busy",
@@ -32,8 +39,7 @@ impl LockError {
             LockError::Backend { .. } => "backend",
             LockError::Quorum { .. } => "quorum",
         };
-        serde_json::json!({ "error": kind, "key": self.key(), "message": self.to_string() })
-            .to_string()
+        serde_json::json!({ "error": kind }).to_string()
     }
 }
 
@@ -43,7 +49,13 @@ impl axum::response::IntoResponse for LockError {
         let status = axum::http::StatusCode::from_u16(self.http_status())
             .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
         let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
-        (status, json, self.http_body()).into_response()
+        let mut response = (status, json, self.http_body()).into_response();
+        if let Some(seconds) = self.retry_after() {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 
@@ -55,8 +67,11 @@ impl actix_web::ResponseError for LockError {
     }
 
     fn error_response(&self) -> actix_web::HttpResponse {
-        actix_web::HttpResponse::build(self.status_code())
-            .content_type("application/json")
-            .body(self.http_body())
+        let mut response = actix_web::HttpResponse::build(self.status_code());
+        response.content_type("application/json");
+        if let Some(seconds) = self.retry_after() {
+            response.insert_header((actix_web::http::header::RETRY_AFTER, seconds));
+        }
+        response.body(self.http_body())
     }
 }

@@ -106,9 +106,18 @@ impl From<redis::RedisError> for ShopError {
 impl IntoResponse for ShopError {
     fn into_response(self) -> Response {
         match self {
-            ShopError::Lock(error) => error.into_response(),
+            ShopError::Lock(error) => {
+                eprintln!("flash-sale: {error}");
+                error.into_response()
+            }
             ShopError::Stock(error) => {
-                (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response()
+                // Redis's error text names hosts: it goes to the log, not to the buyer.
+                eprintln!("flash-sale: the stock store failed: {error}");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the stock store is unavailable",
+                )
+                    .into_response()
             }
         }
     }
