@@ -92,7 +92,8 @@ impl Backend {
     }
 
     /// Whether a lock may pass from task to task of one client without a round
-    /// trip. Not on Redlock: each master would have to agree that it moved.
+    /// trip. Not on Redlock: there a grant is only as good as the majority that gave
+    /// it, so every section asks the masters again.
     pub(crate) fn hands_off(&self) -> bool {
         !matches!(self.store, Store::Redlock(_))
     }
