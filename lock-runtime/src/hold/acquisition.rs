@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::keeper::Care;
 use super::lease::Lease;
-use super::{ClientTurn, Holds};
+use super::{ClientTurn, Grant, Holds};
 use crate::LockError;
 use crate::backend::{Finishing, NothingMore, Released};
 use crate::key::LockName;
@@ -44,28 +44,19 @@ pub(super) enum Ending {
 }
 
 impl Acquisition {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        holds: Arc<Holds>,
-        name: Arc<LockName>,
-        token: Arc<str>,
-        counter: Option<u64>,
-        sent_at: Instant,
-        plan: &Plan,
-        turn: ClientTurn,
-    ) -> Acquisition {
+    pub(super) fn new(holds: Arc<Holds>, grant: Grant, plan: &Plan) -> Acquisition {
         Acquisition {
             holds,
-            name,
-            token,
-            counter,
-            lease: Lease::new(sent_at, plan.lease),
-            acquired_at: sent_at,
+            name: grant.name,
+            token: grant.token,
+            counter: grant.counter,
+            lease: Lease::new(grant.sent_at, plan.lease),
+            acquired_at: grant.sent_at,
             watchdog_lease: plan.watchdog.then_some(plan.lease),
             max_hold: plan.max_hold,
             care: Mutex::new(Care::Ended),
             runtime: Handle::current(),
-            turn: Mutex::new(Some(turn)),
+            turn: Mutex::new(Some(grant.turn)),
             handed_on: AtomicU32::new(0),
             released: AtomicBool::new(false),
         }

@@ -71,18 +71,11 @@ impl Holds {
 
     /// Starts holding what `grant` gave, looked after as `plan` says.
     pub(crate) fn start(self: &Arc<Self>, grant: Grant, plan: &Plan) -> LockGuard {
-        let acquisition = Arc::new(Acquisition::new(
-            self.clone(),
-            grant.name,
-            grant.token,
-            grant.counter,
-            grant.sent_at,
-            plan,
-            grant.turn,
-        ));
+        let acquisition = Arc::new(Acquisition::new(self.clone(), grant, plan));
+        let acquired_at = acquisition.acquired_at;
         let due = match acquisition.watchdog_lease {
-            Some(lease) => grant.sent_at + lease / 3,
-            None => grant.sent_at + plan.lease,
+            Some(lease) => acquired_at + lease / 3,
+            None => acquired_at + plan.lease,
         };
         // Locked across scheduling, so a keeper that finds it due at once waits to
         // see it scheduled.
