@@ -28,7 +28,9 @@ async fn queue_behind(
     let mut waiting = Vec::new();
     for task in 0..tasks {
         let (client, options, history) = (client.clone(), options.clone(), history.clone());
+        let (started, started_rx) = tokio::sync::oneshot::channel();
         waiting.push(tokio::spawn(async move {
+            let _ = started.send(());
             let guard = client.acquire("press", &options).await.unwrap();
             let from = SystemTime::now();
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -36,7 +38,9 @@ async fn queue_behind(
             history.record_guard(format!("task {task}"), &guard, from);
             guard.release().await.unwrap();
         }));
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // In line, each behind the one before, before the next one starts.
+        started_rx.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     first.release().await.unwrap();
     for task in waiting {
