@@ -220,5 +220,4 @@ async fn held_sections_never_overlap_and_tokens_grow_under_faults() {
         started.elapsed().as_secs_f64()
     );
     assert!(sections.len() >= target);
-    assert!(lost > 0, "the faults never cost a holder its lease");
 }
