@@ -212,6 +212,7 @@ async fn held_sections_never_overlap_and_tokens_grow_under_faults() {
     let held = history
         .check()
         .unwrap_or_else(|violation| panic!("{violation}"));
+    check_token_order(&sections);
     let lost = sections.len() - held;
     eprintln!(
         "chaos: {} sections ({held} held to the end, {lost} lost), {faults} faults, {} workers, {:.1} s",
