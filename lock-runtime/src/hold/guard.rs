@@ -28,8 +28,9 @@ pub struct LockGuard {
 }
 
 enum Role {
-    /// Holds the acquisition; `Released` once `release` took it.
+    /// Holds the acquisition.
     Owner,
+    /// `release` took the acquisition; dropping the guard does nothing more.
     Released,
     /// Re-entered an enclosing hold, during its turn among the sections there.
     View(OwnedMutexGuard<()>),
