@@ -151,7 +151,7 @@ async fn a_dropped_release_still_releases(fixture: Fixture) {
 }
 
 async fn shutdown_waits_for_background_releases(fixture: Fixture) {
-    let keys: Vec<String> = (0..10).map(|n| format!("shutdown:{n}")).collect();
+    let keys: Vec<String> = (0..100).map(|n| format!("shutdown:{n}")).collect();
     let mut guards = Vec::new();
     for key in &keys {
         guards.push(
@@ -164,7 +164,8 @@ async fn shutdown_waits_for_background_releases(fixture: Fixture) {
     }
     drop(guards);
     fixture.client.shutdown().await;
-    for key in &keys {
+    // The last dropped first: its release is the one most likely still on its way.
+    for key in keys.iter().rev() {
         assert!(
             fixture.free_elsewhere(key).await,
             "`{key}` was still held after shutdown returned"
