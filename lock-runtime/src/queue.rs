@@ -144,20 +144,15 @@ impl<H> Turn<H> {
         }
     }
 
-    /// Whether the previous turn asked this one to let other clients go first.
-    pub(crate) fn others_first(&self) -> bool {
+    /// What the previous turn left this one: what it handed on, if anything, and
+    /// whether it asked this one to let other clients go first.
+    pub(crate) fn left_by_last(&self) -> (Option<H>, bool) {
         let place = &self.place;
         let mut lines = place.queues.lines();
-        lines
-            .get_mut(&place.name.hash)
-            .is_some_and(|line| std::mem::take(&mut line.others_first))
-    }
-
-    /// What the previous turn handed on, if anything.
-    pub(crate) fn take_handed(&self) -> Option<H> {
-        let place = &self.place;
-        let mut lines = place.queues.lines();
-        lines.get_mut(&place.name.hash)?.handed.take()
+        match lines.get_mut(&place.name.hash) {
+            Some(line) => (line.handed.take(), std::mem::take(&mut line.others_first)),
+            None => (None, false),
+        }
     }
 
     /// The key's release signals, subscribing when no task of the line has yet.

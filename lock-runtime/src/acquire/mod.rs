@@ -78,14 +78,15 @@ impl Acquirer {
         } else {
             place.try_turn().ok_or_else(|| busy(&name))?
         };
-        let turn = match turn.take_handed() {
+        let (handed, others_first) = turn.left_by_last();
+        let turn = match handed {
             Some(handed) => match self.holds.take_over(handed, turn, &plan).await {
                 Ok(guard) => return Ok(guard),
                 Err(turn) => turn,
             },
             None => turn,
         };
-        if plan.spin && turn.others_first() {
+        if plan.spin && others_first {
             // Their waiters heard the release as this task got its turn: a moment's
             // start lets one of them take the lock before this client again.
             tokio::time::sleep(OTHERS_FIRST).await;

@@ -167,12 +167,12 @@ impl Backend {
             Store::Memory(memory) => memory.release(name, token).then_some(0),
             Store::Redlock(redlock) => return redlock.release(name, token, true).await,
         };
-        // This process's own subscriber is one of the listeners when it waits too.
-        let ours = u64::from(self.signals.watched(&name.channel));
         Ok(match listeners {
             None => Released::NotHeld,
+            // This process's own subscriber is one of the listeners when it waits too.
             Some(listeners) => Released::Freed {
-                others_waiting: listeners > ours,
+                others_waiting: listeners > 0
+                    && listeners > u64::from(self.signals.watched(&name.channel)),
             },
         })
     }
