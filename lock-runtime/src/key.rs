@@ -104,7 +104,13 @@ pub(crate) struct LockName {
     pub(crate) key: String,
     pub(crate) hash: String,
     pub(crate) fence: String,
+    /// Where releases are announced to every waiter (Redlock, memory).
     pub(crate) channel: String,
+    /// The clients waiting for the lock, oldest first (one Redis, Sentinel, Cluster).
+    pub(crate) queue: String,
+    /// Prefix of the channel on which each waiting client hears that it was passed
+    /// the lock: the client's id follows.
+    pub(crate) grants: String,
 }
 
 impl LockName {
@@ -129,6 +135,8 @@ impl LockName {
                 key: key.to_owned(),
                 fence: format!("{hash}:fence"),
                 channel: format!("{hash}:released"),
+                queue: format!("{hash}:queue"),
+                grants: format!("{hash}:granted:"),
                 hash,
             });
         };

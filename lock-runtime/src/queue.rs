@@ -15,6 +15,8 @@ use crate::key::LockName;
 
 pub(crate) struct Queues<H> {
     backend: Arc<Backend>,
+    /// The client whose lines these are.
+    client: Arc<str>,
     lines: Mutex<HashMap<String, Line<H>>>,
 }
 
@@ -27,9 +29,6 @@ struct Line<H> {
     releases: Option<Subscription>,
     /// What the last turn handed on to the next.
     handed: Option<H>,
-    /// The last turn released the lock while other clients waited: the next task
-    /// lets them go first.
-    others_first: bool,
 }
 
 /// A task's place in a key's line, from joining it until its turn ends. However it
@@ -49,9 +48,10 @@ pub(crate) struct Turn<H> {
 }
 
 impl<H> Queues<H> {
-    pub(crate) fn new(backend: Arc<Backend>) -> Arc<Queues<H>> {
+    pub(crate) fn new(backend: Arc<Backend>, client: Arc<str>) -> Arc<Queues<H>> {
         Arc::new(Queues {
             backend,
+            client,
             lines: Mutex::default(),
         })
     }
@@ -64,7 +64,6 @@ impl<H> Queues<H> {
             places: 0,
             releases: None,
             handed: None,
-            others_first: false,
         });
         line.places += 1;
         Place {
@@ -135,34 +134,27 @@ impl<H> Turn<H> {
         }
     }
 
-    /// Ends this turn, asking the next task in line, if any, to let other clients
-    /// go first.
-    pub(crate) fn let_others_go_first(self) {
-        let place = &self.place;
-        if let Some(line) = place.queues.lines().get_mut(&place.name.hash) {
-            line.others_first = line.places > 1;
-        }
-    }
-
-    /// What the previous turn left this one: what it handed on, if anything, and
-    /// whether it asked this one to let other clients go first.
-    pub(crate) fn left_by_last(&self) -> (Option<H>, bool) {
+    /// What the previous turn handed on to this one, if anything.
+    pub(crate) fn handed(&self) -> Option<H> {
         let place = &self.place;
         let mut lines = place.queues.lines();
-        match lines.get_mut(&place.name.hash) {
-            Some(line) => (line.handed.take(), std::mem::take(&mut line.others_first)),
-            None => (None, false),
-        }
+        lines.get_mut(&place.name.hash)?.handed.take()
     }
 
-    /// The key's release signals, subscribing when no task of the line has yet.
-    /// `None` when subscribing failed: the caller polls instead.
+    /// The signals that concern this client's waiting for the key (a release, or the
+    /// lock passed to it), subscribing when no task of the line has yet. `None` when
+    /// subscribing failed: the caller polls instead.
     pub(crate) async fn releases(&self) -> Option<watch::Receiver<u64>> {
         if let Some(releases) = self.subscribed() {
             return Some(releases);
         }
         let place = &self.place;
-        let subscription = place.queues.backend.subscribe(&place.name).await.ok()?;
+        let queues = &place.queues;
+        let subscription = queues
+            .backend
+            .subscribe(&place.name, &queues.client)
+            .await
+            .ok()?;
         let releases = subscription.releases();
         if let Some(line) = place.queues.lines().get_mut(&place.name.hash) {
             line.releases = Some(subscription);

@@ -1,20 +1,22 @@
-//! Waiting without polling: a release wakes the waiter, one client's tasks queue
-//! locally in order, and a lost notification costs at most one pause. Hand-off is
-//! off here, so that each section goes to Redis (`hand_off.rs` has it on).
+//! Waiting without polling: a release passes the lock to the first waiting client
+//! and wakes only that one, one client's tasks queue locally in order, a waiter that
+//! died costs a short claim window, and a lost notification costs at most one pause.
+//! Hand-off is off where it counts requests, so that each section goes to Redis
+//! (`hand_off.rs` has it on).
 
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::{ClientConfig, LockClient, LockOptions};
-use lock_tests::RedisServer;
+use lock_tests::{CountingProxy, RedisServer};
 use tokio::time::Instant;
 
 /// A client that releases every lock to Redis, however many of its tasks wait.
-async fn without_hand_off(redis: &RedisServer) -> LockClient {
+async fn without_hand_off(url: &str) -> LockClient {
     let config = ClientConfig::new().hand_off(0, Duration::ZERO);
-    LockClient::connect_with(&redis.url(), config)
-        .await
-        .unwrap()
+    LockClient::connect_with(url, config).await.unwrap()
 }
 
 fn patient(retry_wait: Duration) -> LockOptions {
@@ -50,7 +52,7 @@ async fn a_release_wakes_the_waiter_long_before_its_pause_ends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_of_one_client_queue_locally_in_order() {
     let redis = RedisServer::start();
-    let client = without_hand_off(&redis).await;
+    let client = without_hand_off(&redis.url()).await;
     let first = client
         .acquire("printer", &LockOptions::new())
         .await
@@ -131,7 +133,7 @@ async fn a_lost_notification_costs_at_most_one_pause() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_sees_one_waiter_per_client() {
     let redis = RedisServer::start();
-    let client = without_hand_off(&redis).await;
+    let client = without_hand_off(&redis.url()).await;
     const TASKS: u64 = 16;
     const SECTIONS: u64 = 20;
     let tasks: Vec<_> = (0..TASKS)
@@ -158,4 +160,129 @@ async fn redis_sees_one_waiter_per_client() {
         2 * sections,
         "one acquire and one release per section"
     );
+}
+
+/// Starts `clients` clients, each with one task waiting for `key` in this order, each
+/// in Redis's queue before the next starts. Each holds the lock for a moment and
+/// notes its number.
+async fn waiting_clients(
+    url: &str,
+    key: &'static str,
+    clients: usize,
+    order: &Arc<Mutex<Vec<usize>>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut waiting = Vec::new();
+    for number in 0..clients {
+        let client = without_hand_off(url).await;
+        let order = order.clone();
+        waiting.push(tokio::spawn(async move {
+            let guard = client
+                .acquire(key, &patient(Duration::from_secs(5)))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(number);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    waiting
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_passes_the_lock_to_one_waiting_client_at_a_time() {
+    let redis = RedisServer::start();
+    let proxy = CountingProxy::start(redis.port()).await;
+    let holder = without_hand_off(&proxy.url()).await;
+    let guard = holder
+        .acquire("ticket-desk", &LockOptions::new())
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let waiting = waiting_clients(&proxy.url(), "ticket-desk", 3, &order).await;
+    let _before = proxy.take();
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    for waiter in waiting {
+        waiter.await.unwrap();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        [0, 1, 2],
+        "first come, first served"
+    );
+    // The holder's release, then each waiter's claim and release: no waiter asked
+    // again for a lock that went to another.
+    let requests = proxy.take();
+    assert_eq!(requests.get("EVALSHA") + requests.get("SET"), 1 + 2 * 3);
+    assert!(
+        released_at.elapsed() < Duration::from_secs(2),
+        "the waiters polled at their 5 s pause instead of being told"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_lock_goes_to_the_waiter_not_to_a_newcomer() {
+    let redis = RedisServer::start();
+    let holder = without_hand_off(&redis.url()).await;
+    let newcomer = without_hand_off(&redis.url()).await;
+    for _ in 0..5 {
+        let guard = holder
+            .acquire("last-seat", &LockOptions::new())
+            .await
+            .unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let waiting = waiting_clients(&redis.url(), "last-seat", 1, &order).await;
+        guard.release().await.unwrap();
+        let barged = newcomer
+            .try_acquire("last-seat", &LockOptions::new())
+            .await
+            .unwrap();
+        assert!(barged.is_none(), "a newcomer took the lock from the waiter");
+        for waiter in waiting {
+            waiter.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_died_holds_the_lock_only_for_a_moment() {
+    let redis = RedisServer::start();
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let guard = holder
+        .acquire("night-batch", &LockOptions::new())
+        .await
+        .unwrap();
+    // A process that waits for the lock, first in line, then dies.
+    let mut dead = Command::new(env!("CARGO_BIN_EXE_lock-holder"))
+        .args([&redis.url(), "night-batch", "30000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the waiting process");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    dead.kill().expect("SIGKILL the waiter");
+    dead.wait().unwrap();
+
+    let waiter = LockClient::connect(&redis.url()).await.unwrap();
+    let options = LockOptions::new().timeout(Duration::from_secs(40));
+    let waiting = tokio::spawn(async move { waiter.acquire("night-batch", &options).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let next = waiting
+        .await
+        .unwrap()
+        .expect("the live waiter gets the lock");
+    let waited = released_at.elapsed();
+    assert!(
+        waited < Duration::from_secs(1),
+        "the dead waiter kept the lock for {waited:?}"
+    );
+    let mut said = String::new();
+    BufReader::new(dead.stdout.take().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    assert_eq!(said, "", "the dead waiter never held the lock");
+    next.release().await.unwrap();
 }

@@ -6,14 +6,15 @@ use tokio::time::Instant;
 
 use super::{Acquirer, busy, timeout};
 use crate::LockError;
-use crate::backend::Attempt;
+use crate::backend::{Attempt, Backend, CLAIM_WINDOW};
 use crate::hold::{ClientTurn, Grant};
 use crate::key::LockName;
 use crate::options::Plan;
 
-/// Asks Redis for `name` during the client's `turn`, sleeping between attempts
-/// until a release is signalled or the holder's lease would end, whichever is
-/// first, within the retries and the time budget.
+/// Asks the store for `name` during the client's `turn`, sleeping between attempts
+/// until the lock is passed to this client (or, where the store keeps no queue, a
+/// release is signalled) or the holder's lease would end, whichever is first, within
+/// the retries and the time budget.
 pub(super) async fn until_granted(
     acquirer: &Acquirer,
     name: Arc<LockName>,
@@ -22,22 +23,32 @@ pub(super) async fn until_granted(
     started: Instant,
     deadline: Instant,
 ) -> Result<Grant, LockError> {
+    let backend = &acquirer.backend;
     let mut releases = turn.subscribed();
+    let mut place: Option<QueuePlace> = None;
     let mut retries_left = plan.retries;
     let mut attempts = 0;
     loop {
         if let Some(releases) = &mut releases {
             releases.mark_unchanged();
         }
-        let token = acquirer.tokens.next();
+        let token = match &place {
+            Some(place) => place.token.clone(),
+            None => acquirer.tokens.next(),
+        };
+        // Only a client that hears when the lock is passed to it may queue for it.
+        let join = (plan.spin && backend.queues() && releases.is_some())
+            .then(|| deadline.saturating_duration_since(Instant::now()) + CLAIM_WINDOW);
         let sent_at = Instant::now();
         attempts += 1;
-        let attempt = acquirer
-            .backend
-            .acquire(&name, &token, plan.lease, plan.fencing)
+        let attempt = backend
+            .acquire(&name, &token, plan.lease, plan.fencing, join)
             .await?;
         let retry_in = match attempt {
             Attempt::Granted { fence } => {
+                if let Some(place) = &mut place {
+                    place.taken = true;
+                }
                 return Ok(Grant {
                     name,
                     token,
@@ -48,6 +59,14 @@ pub(super) async fn until_granted(
             }
             Attempt::Busy { retry_in, .. } => retry_in,
         };
+        if join.is_some() && place.is_none() {
+            place = Some(QueuePlace {
+                backend: backend.clone(),
+                name: name.clone(),
+                token,
+                taken: false,
+            });
+        }
         if !plan.spin {
             return Err(busy(&name));
         }
@@ -56,16 +75,38 @@ pub(super) async fn until_granted(
         }
         if releases.is_none() {
             releases = turn.releases().await;
+            if releases.is_some() && backend.queues() {
+                // Listening now, so no pass can go unheard: ask again, joining the queue.
+                continue;
+            }
         }
         let mut pause = plan.retry_wait;
         if let Some(retry_in) = retry_in {
             pause = pause.min(retry_in);
         }
         pause = pause.min(deadline.saturating_duration_since(Instant::now()));
-        // Waking to a release and losing the race for it does not use up a retry;
-        // the deadline still bounds such waking.
+        // Waking to a signal and finding the lock busy does not use up a retry; the
+        // deadline still bounds such waking.
         if !wait_for_release(releases.as_mut(), pause).await {
             retries_left = retries_left.map(|left| left - 1);
+        }
+    }
+}
+
+/// A place in the store's queue for the lock, kept by one token from attempt to
+/// attempt. A wait that ends without the lock, however it ends, gives it up, and
+/// with it the lock if it was passed to this client meanwhile.
+struct QueuePlace {
+    backend: Arc<Backend>,
+    name: Arc<LockName>,
+    token: Arc<str>,
+    taken: bool,
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        if !self.taken {
+            self.backend.withdraw(&self.name, &self.token);
         }
     }
 }

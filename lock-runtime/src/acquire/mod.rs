@@ -16,10 +16,6 @@ use crate::hold::{ClientQueues, Holds, Level, LockGuard};
 use crate::key::LockName;
 use crate::options::{HandOff, Plan};
 
-/// How long a task gives other clients to take a lock its client just released to
-/// them: a few round trips on a local network.
-const OTHERS_FIRST: std::time::Duration = std::time::Duration::from_millis(2);
-
 /// One client's way of taking locks: its identity, its local lines, its holds.
 pub(crate) struct Acquirer {
     id: u64,
@@ -30,10 +26,10 @@ pub(crate) struct Acquirer {
     hand_off: HandOff,
 }
 
-/// Acquisition tokens: random per client, numbered per attempt, so that no two
-/// attempts anywhere share one.
+/// Acquisition tokens, `<client>:<number>`: random per client, numbered per
+/// acquisition, so that no two acquisitions anywhere share one.
 struct Tokens {
-    client: String,
+    client: Arc<str>,
     issued: AtomicU64,
 }
 
@@ -41,13 +37,14 @@ impl Acquirer {
     pub(crate) fn new(backend: Arc<Backend>, hand_off: HandOff) -> Acquirer {
         static CLIENTS: AtomicU64 = AtomicU64::new(0);
         let id = CLIENTS.fetch_add(1, Ordering::Relaxed);
+        let client: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
         Acquirer {
             id,
+            queues: ClientQueues::new(backend.clone(), client.clone()),
             tokens: Tokens {
-                client: uuid::Uuid::new_v4().simple().to_string(),
+                client,
                 issued: AtomicU64::new(0),
             },
-            queues: ClientQueues::new(backend.clone()),
             holds: Holds::new(id, backend.clone(), hand_off),
             hand_off,
             backend,
@@ -78,19 +75,13 @@ impl Acquirer {
         } else {
             place.try_turn().ok_or_else(|| busy(&name))?
         };
-        let (handed, others_first) = turn.left_by_last();
-        let turn = match handed {
+        let turn = match turn.handed() {
             Some(handed) => match self.holds.take_over(handed, turn, &plan).await {
                 Ok(guard) => return Ok(guard),
                 Err(turn) => turn,
             },
             None => turn,
         };
-        if plan.spin && others_first {
-            // Their waiters heard the release as this task got its turn: a moment's
-            // start lets one of them take the lock before this client again.
-            tokio::time::sleep(OTHERS_FIRST).await;
-        }
         let grant = attempts::until_granted(self, name, turn, &plan, started, deadline).await?;
         Ok(self.holds.start(grant, &plan))
     }

@@ -46,9 +46,36 @@ pub(crate) enum Attempt {
 pub(crate) enum Released {
     /// The token did not hold the lock; nothing was changed.
     NotHeld,
-    /// The lock is free; `others_waiting` when waiters of other processes heard it.
-    Freed { others_waiting: bool },
+    /// The lock is free, or passed to the first client waiting for it.
+    Freed,
 }
+
+/// How an acquire attempt treats the clients queued for the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queue {
+    /// There is no queue.
+    Off,
+    /// A free lock goes to the first in the queue; the attempt does not join it.
+    Respect,
+    /// Takes a place at the back when the lock is busy, or keeps the place it has,
+    /// for at least this long.
+    Join(Duration),
+}
+
+/// Who a release tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiters {
+    /// The first client in the queue, which is passed the lock.
+    Queue,
+    /// Every waiting client, which all try again.
+    Broadcast,
+    /// Nobody.
+    None,
+}
+
+/// How long a lock passed to a waiting client stays its own before the client claims
+/// it for a lease. A client that died or gave up meanwhile costs no more than this.
+pub(crate) const CLAIM_WINDOW: Duration = Duration::from_millis(100);
 
 pub(crate) enum Store {
     Redis(Box<RedisNode>),
@@ -69,6 +96,7 @@ pub(crate) struct Backend {
 pub(crate) struct Subscription {
     backend: Arc<Backend>,
     name: Arc<LockName>,
+    channel: Arc<str>,
     releases: watch::Receiver<u64>,
 }
 
@@ -102,23 +130,37 @@ impl Backend {
         &self.background
     }
 
-    /// Tries to take `name` under `token`. If the caller goes before the answer, or
-    /// the answer is an error (the request may still have been applied), the token's
-    /// lock is released in the background.
+    /// Whether waiting clients queue in the store, each told in turn that the lock
+    /// was passed to it, so that a release wakes one client. Not on Redlock, where
+    /// each master would pass the lock to another client, nor in memory.
+    pub(crate) fn queues(&self) -> bool {
+        matches!(self.store, Store::Redis(_))
+    }
+
+    /// Tries to take `name` under `token`; with `join`, a busy lock puts the token in
+    /// the queue for it, for at least that long (where the store queues). If the
+    /// caller goes before the answer, or the answer is an error (the request may
+    /// still have been applied), the token is withdrawn in the background.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         name: &Arc<LockName>,
         token: &Arc<str>,
         lease: Duration,
         fencing: bool,
+        join: Option<Duration>,
     ) -> Result<Attempt, LockError> {
         if let Store::Memory(memory) = &self.store {
             return Ok(memory.acquire(name, token, lease, fencing));
         }
+        let queue = match join {
+            Some(stay) => Queue::Join(stay),
+            None => Queue::Respect,
+        };
         let claim = Claim {
             backend: self.clone(),
             name: name.clone(),
             token: token.clone(),
+            joined: join.is_some(),
         };
         let request = {
             let claim = claim.clone();
@@ -127,8 +169,11 @@ impl Backend {
                     backend,
                     name,
                     token,
+                    ..
                 } = &claim;
-                backend.acquire_now(name, token, lease, fencing).await
+                backend
+                    .acquire_now(name, token, lease, fencing, queue)
+                    .await
             }
         };
         let runtime = Handle::current();
@@ -148,33 +193,44 @@ impl Backend {
         token: &str,
         lease: Duration,
         fencing: bool,
+        queue: Queue,
     ) -> Result<Attempt, LockError> {
         match &self.store {
-            Store::Redis(node) => node.acquire(name, token, lease, fencing).await,
+            Store::Redis(node) => node.acquire(name, token, lease, fencing, queue).await,
             Store::Memory(memory) => Ok(memory.acquire(name, token, lease, fencing)),
             Store::Redlock(redlock) => redlock.acquire(name, token, lease, fencing).await,
         }
     }
 
-    /// Frees `name` if `token` holds it, and wakes its waiters.
+    /// Takes `token` out of the queue for `name` in the background, releasing the
+    /// lock if it was passed to it meanwhile: for a waiter that gives up.
+    pub(crate) fn withdraw(self: &Arc<Self>, name: &Arc<LockName>, token: &Arc<str>) {
+        if let Ok(runtime) = Handle::try_current() {
+            let claim = Claim {
+                backend: self.clone(),
+                name: name.clone(),
+                token: token.clone(),
+                joined: true,
+            };
+            self.background.spawn_on(&runtime, claim.withdraw());
+        }
+    }
+
+    /// Frees `name` if `token` holds it, passing it to the first client in its queue
+    /// or waking its waiters.
     pub(crate) async fn release(
         &self,
         name: &LockName,
         token: &str,
     ) -> Result<Released, LockError> {
-        let listeners = match &self.store {
-            Store::Redis(node) => node.release(name, token, true).await?,
-            Store::Memory(memory) => memory.release(name, token).then_some(0),
-            Store::Redlock(redlock) => return redlock.release(name, token, true).await,
-        };
-        Ok(match listeners {
-            None => Released::NotHeld,
-            // This process's own subscriber is one of the listeners when it waits too.
-            Some(listeners) => Released::Freed {
-                others_waiting: listeners > 0
-                    && listeners > u64::from(self.signals.watched(&name.channel)),
-            },
-        })
+        match &self.store {
+            Store::Redis(node) => node.release(name, token, Waiters::Queue).await,
+            Store::Memory(memory) => Ok(match memory.release(name, token) {
+                true => Released::Freed,
+                false => Released::NotHeld,
+            }),
+            Store::Redlock(redlock) => redlock.release(name, token).await,
+        }
     }
 
     /// Frees `name` if `token` holds it; the request completes on `runtime` even if
@@ -209,22 +265,30 @@ impl Backend {
         }
     }
 
-    /// Listens for releases of `name` until the subscription is dropped.
+    /// Listens, until the subscription is dropped, for what concerns `client` while
+    /// it waits for `name`: the lock passed to it where the store queues, else every
+    /// release.
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
         name: &Arc<LockName>,
+        client: &str,
     ) -> Result<Subscription, LockError> {
+        let channel: Arc<str> = match self.queues() {
+            true => format!("{}{client}", name.grants).into(),
+            false => name.channel.as_str().into(),
+        };
         let _changing = self.changes.lock().await;
-        let (releases, first) = self.signals.join(&name.channel);
+        let (releases, first) = self.signals.join(&channel);
         // From here on, however this call ends, dropping the subscription stops it.
         let subscription = Subscription {
             backend: self.clone(),
             name: name.clone(),
+            channel: channel.clone(),
             releases,
         };
         if first {
             match &self.store {
-                Store::Redis(node) => node.listen(name).await?,
+                Store::Redis(node) => node.listen(name, &channel).await?,
                 Store::Memory(_) => {}
                 Store::Redlock(redlock) => redlock.listen(name).await?,
             }
@@ -232,11 +296,11 @@ impl Backend {
         Ok(subscription)
     }
 
-    async fn unsubscribe(&self, name: &LockName) {
+    async fn unsubscribe(&self, name: &LockName, channel: &str) {
         let _changing = self.changes.lock().await;
-        if self.signals.leave(&name.channel) {
+        if self.signals.leave(channel) {
             match &self.store {
-                Store::Redis(node) => node.unlisten(name).await,
+                Store::Redis(node) => node.unlisten(name, channel).await,
                 Store::Memory(_) => {}
                 Store::Redlock(redlock) => redlock.unlisten(name).await,
             }
@@ -245,13 +309,14 @@ impl Backend {
 }
 
 /// One token's request for a lock, withdrawn when nobody takes what it may have
-/// been granted: the caller went, or the answer was an error and the request may
-/// have been applied anyway.
+/// been granted, or the place it may have taken in the queue: the caller went, or
+/// the answer was an error and the request may have been applied anyway.
 #[derive(Clone)]
 struct Claim {
     backend: Arc<Backend>,
     name: Arc<LockName>,
     token: Arc<str>,
+    joined: bool,
 }
 
 impl Claim {
@@ -262,7 +327,7 @@ impl Claim {
 
 impl Orphan<Result<Attempt, LockError>> for Claim {
     async fn adopt(self, answer: Result<Attempt, LockError>) {
-        if !matches!(answer, Ok(Attempt::Busy { .. })) {
+        if self.joined || !matches!(answer, Ok(Attempt::Busy { .. })) {
             self.withdraw().await;
         }
     }
@@ -286,10 +351,14 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         // Outside a runtime the client is going away, and its connections with it.
         if let Ok(runtime) = Handle::try_current() {
-            let (backend, name) = (self.backend.clone(), self.name.clone());
-            self.backend
-                .background
-                .spawn_on(&runtime, async move { backend.unsubscribe(&name).await });
+            let (backend, name, channel) = (
+                self.backend.clone(),
+                self.name.clone(),
+                self.channel.clone(),
+            );
+            self.backend.background.spawn_on(&runtime, async move {
+                backend.unsubscribe(&name, &channel).await
+            });
         }
     }
 }

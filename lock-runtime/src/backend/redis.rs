@@ -7,14 +7,22 @@ use tokio::sync::OnceCell;
 
 use super::connection::{Connection, Target};
 use super::signals::Signals;
-use super::{Attempt, lease_ms};
+use super::{Attempt, CLAIM_WINDOW, Queue, Released, Waiters, lease_ms};
 use crate::key::LockName;
 use crate::{ClientConfig, LockError};
 
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/queue.lua"),
+        include_str!("scripts/acquire.lua")
+    ))
+});
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/queue.lua"),
+        include_str!("scripts/release.lua")
+    ))
+});
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
@@ -89,11 +97,13 @@ impl RedisNode {
         token: &str,
         lease: Duration,
         fencing: bool,
+        queue: Queue,
     ) -> Result<Attempt, LockError> {
         let mut connection = self.connection.clone();
-        if !fencing {
+        if !fencing && !matches!(queue, Queue::Join(_)) {
             // A native `SET NX` does the job without a script. It also respects a lock
-            // left by an older version: any key there makes it fail.
+            // left by an older version (any key there makes it fail) and a lock passed
+            // to a waiter; it takes a lock freed by expiry before the queue does.
             let mut set = redis::cmd("SET");
             set.arg(&name.hash)
                 .arg(token)
@@ -109,22 +119,33 @@ impl RedisNode {
                 },
             });
         }
+        let (mode, stay) = match queue {
+            Queue::Off => ("off", Duration::ZERO),
+            Queue::Respect => ("respect", Duration::ZERO),
+            Queue::Join(stay) => ("join", stay),
+        };
         let mut invocation = ACQUIRE.key(&name.hash);
         invocation
             .key(&name.fence)
+            .key(&name.queue)
             .arg(token)
             .arg(lease_ms(lease))
-            .arg("1");
+            .arg(if fencing { "1" } else { "0" })
+            .arg(mode)
+            .arg(lease_ms(stay))
+            .arg(lease_ms(CLAIM_WINDOW))
+            .arg(&name.grants)
+            .arg(self.target.publish_command());
         let reply: Vec<i64> = self
             .run(name, invocation.invoke_async(&mut connection))
             .await?;
         Ok(match reply[..] {
-            [1, token, ..] => Attempt::Granted {
-                fence: Some(token as u64),
+            [1, counter, ..] => Attempt::Granted {
+                fence: fencing.then_some(counter as u64),
             },
             [_, pttl, counter, ..] => Attempt::Busy {
                 retry_in: u64::try_from(pttl).ok().map(Duration::from_millis),
-                fence: Some(counter as u64),
+                fence: fencing.then_some(counter as u64),
             },
             _ => {
                 let detail = format!("{reply:?}");
@@ -138,22 +159,33 @@ impl RedisNode {
         })
     }
 
-    /// Frees the lock if `token` holds it; `notify` publishes the release to waiters.
-    /// `None` when the token did not hold it, else how many listeners it reached.
+    /// Frees the lock if `token` holds it, telling `waiters`; a token that waits in
+    /// the queue leaves it.
     pub(crate) async fn release(
         &self,
         name: &LockName,
         token: &str,
-        notify: bool,
-    ) -> Result<Option<u64>, LockError> {
+        waiters: Waiters,
+    ) -> Result<Released, LockError> {
+        let mode = match waiters {
+            Waiters::Queue => "queue",
+            Waiters::Broadcast => "broadcast",
+            Waiters::None => "none",
+        };
         let mut invocation = RELEASE.key(&name.hash);
-        invocation.key(&name.channel).arg(token).arg(if notify {
-            self.target.publish_command()
-        } else {
-            ""
-        });
+        invocation
+            .key(&name.queue)
+            .arg(token)
+            .arg(mode)
+            .arg(lease_ms(CLAIM_WINDOW))
+            .arg(&name.grants)
+            .arg(&name.channel)
+            .arg(self.target.publish_command());
         let freed: u64 = self.invoke_idempotent(name, &invocation).await?;
-        Ok(freed.checked_sub(1))
+        Ok(match freed {
+            0 => Released::NotHeld,
+            _ => Released::Freed,
+        })
     }
 
     pub(crate) async fn renew(
@@ -175,7 +207,7 @@ impl RedisNode {
         self.invoke_idempotent(name, &invocation).await
     }
 
-    pub(crate) async fn listen(&self, name: &LockName) -> Result<(), LockError> {
+    pub(crate) async fn listen(&self, name: &LockName, channel: &str) -> Result<(), LockError> {
         let subscriber = self
             .subscriber
             .get_or_try_init(|| {
@@ -185,13 +217,13 @@ impl RedisNode {
             .await
             .map_err(|source| LockError::backend(&name.key, source))?;
         let mut subscriber = subscriber.clone();
-        self.run(name, subscriber.subscribe(&name.channel)).await
+        self.run(name, subscriber.subscribe(channel)).await
     }
 
-    pub(crate) async fn unlisten(&self, name: &LockName) {
+    pub(crate) async fn unlisten(&self, name: &LockName, channel: &str) {
         if let Some(subscriber) = self.subscriber.get() {
             let mut subscriber = subscriber.clone();
-            let _ = self.run(name, subscriber.unsubscribe(&name.channel)).await;
+            let _ = self.run(name, subscriber.unsubscribe(channel)).await;
         }
     }
 

@@ -6,7 +6,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::signals::Signals;
-use super::{Attempt, RedisNode, Released, Target};
+use super::{Attempt, Queue, RedisNode, Released, Target, Waiters};
 use crate::key::LockName;
 use crate::options::clock_drift;
 use crate::{ClientConfig, LockError};
@@ -85,7 +85,8 @@ impl Redlock {
         let started = Instant::now();
         let answers = self
             .on_every_node(name, token, move |node, name, token| async move {
-                node.acquire(&name, &token, lease, fencing).await
+                node.acquire(&name, &token, lease, fencing, Queue::Off)
+                    .await
             })
             .await;
         let granted = answers
@@ -174,27 +175,28 @@ impl Redlock {
     async fn undo(&self, name: &LockName, token: &str) {
         let _ = self
             .on_every_node(name, token, |node, name, token| async move {
-                node.release(&name, &token, false).await
+                node.release(&name, &token, Waiters::None).await
             })
             .await;
     }
 
+    /// Frees the lock on every node that `token` holds it on; every waiter hears
+    /// of it. No queue passes it on: each master would pass it to another client.
     pub(crate) async fn release(
         &self,
         name: &LockName,
         token: &str,
-        notify: bool,
     ) -> Result<Released, LockError> {
         let answers = self
             .on_every_node(name, token, move |node, name, token| async move {
-                node.release(&name, &token, notify).await
+                node.release(&name, &token, Waiters::Broadcast).await
             })
             .await;
-        if answers.iter().any(|answer| matches!(answer, Ok(Some(_)))) {
-            // Nothing is handed on over Redlock, so who else waits does not matter.
-            return Ok(Released::Freed {
-                others_waiting: false,
-            });
+        if answers
+            .iter()
+            .any(|answer| matches!(answer, Ok(Released::Freed)))
+        {
+            return Ok(Released::Freed);
         }
         match answers.into_iter().find_map(Result::err) {
             Some(error) => Err(error),
@@ -239,11 +241,9 @@ impl Redlock {
     /// Listens on every node that answers; releases are published on each.
     pub(crate) async fn listen(&self, name: &LockName) -> Result<(), LockError> {
         let answers = self
-            .on_every_node(
-                name,
-                "",
-                |node, name, _| async move { node.listen(&name).await },
-            )
+            .on_every_node(name, "", |node, name, _| async move {
+                node.listen(&name, &name.channel).await
+            })
             .await;
         let mut errors = answers.into_iter().filter_map(Result::err);
         match errors.next() {
@@ -255,7 +255,7 @@ impl Redlock {
     pub(crate) async fn unlisten(&self, name: &LockName) {
         let _ = self
             .on_every_node(name, "", |node, name, _| async move {
-                node.unlisten(&name).await;
+                node.unlisten(&name, &name.channel).await;
                 Ok(())
             })
             .await;

@@ -50,11 +50,6 @@ impl Signals {
         }
     }
 
-    /// Whether a waiter of this process watches `channel`.
-    pub(crate) fn watched(&self, channel: &str) -> bool {
-        self.by_channel().contains_key(channel)
-    }
-
     /// The channels watched now.
     pub(crate) fn channels(&self) -> Vec<String> {
         self.by_channel().keys().cloned().collect()

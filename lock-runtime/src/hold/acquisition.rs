@@ -149,8 +149,8 @@ impl Acquisition {
     }
 
     /// Stops renewing, then frees the lock in Redis, finishing even if the caller
-    /// goes, and passes `turn` on once it is freed: to the next task of this client,
-    /// which lets other clients go first if the release woke some. The delete is
+    /// goes, and passes `turn` on to the next task of this client once the lock is
+    /// freed or passed to another client's waiter. The delete is
     /// scoped to the token, so it is sent even after a loss, in case a renewal that
     /// timed out here was applied.
     pub(super) fn release(
@@ -165,18 +165,7 @@ impl Acquisition {
         }
         self.lease.end();
         let (name, token) = (self.name.clone(), self.token.clone());
-        let pass_turn = move |released: &Result<Released, LockError>| {
-            let others_waiting = matches!(
-                released,
-                Ok(Released::Freed {
-                    others_waiting: true
-                })
-            );
-            match turn {
-                Some(turn) if others_waiting => turn.let_others_go_first(),
-                _ => drop(turn),
-            }
-        };
+        let pass_turn = move |_: &Result<Released, LockError>| drop(turn);
         self.holds
             .backend
             .release_finishing(&self.runtime, name, token, pass_turn)

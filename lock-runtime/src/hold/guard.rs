@@ -150,9 +150,7 @@ impl LockGuard {
                 let (was_held, ending) = self.hold.end();
                 let freed = match ending {
                     Ending::HandedOn => true,
-                    Ending::Releasing(releasing) => {
-                        matches!(releasing.await?, Released::Freed { .. })
-                    }
+                    Ending::Releasing(releasing) => releasing.await? == Released::Freed,
                 };
                 if was_held && freed {
                     Ok(())
