@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::acquire::Acquirer;
 use crate::backend::{Backend, MemoryStore, RedisNode, Redlock, Signals, Store, Target};
+use crate::key::LockName;
 use crate::options::{HandOff, Plan};
 use crate::{LockError, LockGuard, LockOptions};
 
@@ -279,6 +280,33 @@ impl LockClient {
     /// locked for a lease.
     pub async fn shutdown(&self) {
         self.acquirer.settled().await
+    }
+
+    /// Whether any owner holds the lock on `key` now. For operators and dashboards:
+    /// the answer may be stale by the time it arrives, so never decide from it
+    /// whether to enter a critical section; acquire instead.
+    pub async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
+        Ok(self.lease_left(key).await?.is_some())
+    }
+
+    /// How long the lock on `key` has left before its lease runs out, whoever holds
+    /// it (the watchdog may renew it again); `None` when it is free. On Redlock, the
+    /// lease a majority of masters still hold. Like [`is_locked`](Self::is_locked),
+    /// for looking, not for deciding.
+    pub async fn lease_left(&self, key: &str) -> Result<Option<Duration>, LockError> {
+        let name = LockName::new(key)?;
+        self.acquirer.backend().lease_left(&name).await
+    }
+
+    /// Frees the lock on `key` whoever holds it, and passes it on to the waiters as a
+    /// release would. Returns whether it was held. For operators clearing a lock
+    /// stuck behind a holder that will never let go. This is outside the ownership
+    /// rules: the holder is not asked, and if it is still working, its next renewal
+    /// is refused and it learns that it lost the lock only then, while another holder
+    /// may already have it. Fencing tokens still order the two.
+    pub async fn force_unlock(&self, key: &str) -> Result<bool, LockError> {
+        let name = LockName::new(key)?;
+        self.acquirer.backend().force_unlock(&name).await
     }
 }
 

@@ -94,6 +94,24 @@ impl MemoryStore {
         }
     }
 
+    pub(crate) fn lease_left(&self, name: &LockName) -> Option<Duration> {
+        let now = Instant::now();
+        let state = self.state();
+        let held = state.locks.get(&name.hash)?;
+        (held.expires_at > now).then(|| held.expires_at - now)
+    }
+
+    /// Frees the lock whoever holds it; whether it was held.
+    pub(crate) fn force_unlock(&self, name: &LockName) -> bool {
+        let now = Instant::now();
+        let held = self.state().locks.remove(&name.hash);
+        let was_held = held.is_some_and(|held| held.expires_at > now);
+        if was_held {
+            self.signals.notify(&name.channel);
+        }
+        was_held
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state
             .lock()

@@ -265,6 +265,24 @@ impl Backend {
         }
     }
 
+    /// How long the lock on `name` has left, whoever holds it; `None` when free.
+    pub(crate) async fn lease_left(&self, name: &LockName) -> Result<Option<Duration>, LockError> {
+        match &self.store {
+            Store::Redis(node) => node.lease_left(name).await,
+            Store::Memory(memory) => Ok(memory.lease_left(name)),
+            Store::Redlock(redlock) => redlock.lease_left(name).await,
+        }
+    }
+
+    /// Frees `name` whoever holds it, and tells its waiters as a release does.
+    pub(crate) async fn force_unlock(&self, name: &LockName) -> Result<bool, LockError> {
+        match &self.store {
+            Store::Redis(node) => node.force_unlock(name, Waiters::Queue).await,
+            Store::Memory(memory) => Ok(memory.force_unlock(name)),
+            Store::Redlock(redlock) => redlock.force_unlock(name).await,
+        }
+    }
+
     /// Listens, until the subscription is dropped, for what concerns `client` while
     /// it waits for `name`: the lock passed to it where the store queues, else every
     /// release.

@@ -23,6 +23,12 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| {
         include_str!("scripts/release.lua")
     ))
 });
+static FORCE_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/queue.lua"),
+        include_str!("scripts/force_unlock.lua")
+    ))
+});
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
@@ -186,6 +192,41 @@ impl RedisNode {
             0 => Released::NotHeld,
             _ => Released::Freed,
         })
+    }
+
+    /// How long the lock has left, whoever holds it; `None` when it is free.
+    pub(crate) async fn lease_left(&self, name: &LockName) -> Result<Option<Duration>, LockError> {
+        let mut connection = self.connection.clone();
+        let mut pttl = redis::cmd("PTTL");
+        pttl.arg(&name.hash);
+        let pttl: i64 = self.run(name, pttl.query_async(&mut connection)).await?;
+        Ok(match pttl {
+            -2 => None,
+            -1 => Some(Duration::MAX),
+            left => Some(Duration::from_millis(left.unsigned_abs())),
+        })
+    }
+
+    /// Frees the lock whoever holds it, telling `waiters`; whether it was held.
+    pub(crate) async fn force_unlock(
+        &self,
+        name: &LockName,
+        waiters: Waiters,
+    ) -> Result<bool, LockError> {
+        let mode = match waiters {
+            Waiters::Queue => "queue",
+            Waiters::Broadcast | Waiters::None => "broadcast",
+        };
+        let mut invocation = FORCE_UNLOCK.key(&name.hash);
+        invocation
+            .key(&name.queue)
+            .arg(mode)
+            .arg(lease_ms(CLAIM_WINDOW))
+            .arg(&name.grants)
+            .arg(&name.channel)
+            .arg(self.target.publish_command());
+        let freed: u64 = self.invoke_idempotent(name, &invocation).await?;
+        Ok(freed == 1)
     }
 
     pub(crate) async fn renew(

@@ -204,6 +204,40 @@ impl Redlock {
         }
     }
 
+    /// The lease a majority of nodes still holds the lock for; `None` when fewer
+    /// than a majority hold it.
+    pub(crate) async fn lease_left(&self, name: &LockName) -> Result<Option<Duration>, LockError> {
+        let answers = self
+            .on_every_node(name, "", |node, name, _| async move {
+                node.lease_left(&name).await
+            })
+            .await;
+        let answered = answers.iter().filter(|answer| answer.is_ok()).count();
+        if answered < self.quorum() {
+            let error = answers.into_iter().find_map(Result::err);
+            return Err(error.expect("a node failed"));
+        }
+        let mut held: Vec<Duration> = answers.into_iter().flatten().flatten().collect();
+        held.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(held.get(self.quorum() - 1).copied())
+    }
+
+    /// Frees the lock on every node whoever holds it; whether any node held it.
+    pub(crate) async fn force_unlock(&self, name: &LockName) -> Result<bool, LockError> {
+        let answers = self
+            .on_every_node(name, "", |node, name, _| async move {
+                node.force_unlock(&name, Waiters::Broadcast).await
+            })
+            .await;
+        if answers.iter().any(|answer| matches!(answer, Ok(true))) {
+            return Ok(true);
+        }
+        match answers.into_iter().find_map(Result::err) {
+            Some(error) => Err(error),
+            None => Ok(false),
+        }
+    }
+
     /// Renewed when a majority renews. Lost when so many refuse that no majority can
     /// renew; otherwise the failures are errors, retried while the lease lasts.
     pub(crate) async fn renew(
