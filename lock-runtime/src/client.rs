@@ -8,6 +8,7 @@ use crate::acquire::Acquirer;
 use crate::backend::{Backend, MemoryStore, RedisNode, Redlock, Signals, Store, Target};
 use crate::key::LockName;
 use crate::options::{HandOff, Plan};
+use crate::telemetry;
 use crate::{LockError, LockGuard, LockOptions};
 
 /// How a client talks to Redis: the bounds on connecting and on each call.
@@ -271,7 +272,10 @@ impl LockClient {
         key: &'a str,
         plan: Plan,
     ) -> Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send + 'a>> {
-        Box::pin(self.acquirer.acquire(key, plan))
+        Box::pin(telemetry::acquire_span(
+            key,
+            self.acquirer.acquire(key, plan),
+        ))
     }
 
     /// Waits until the releases and cleanups running in the background are done:

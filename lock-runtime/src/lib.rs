@@ -54,6 +54,7 @@ mod http;
 mod key;
 mod options;
 mod queue;
+mod telemetry;
 
 pub use crate::client::{
     ClientConfig, DEFAULT_HAND_OFF_WINDOW, DEFAULT_HAND_OFFS, LockClient, default_client,

@@ -9,6 +9,7 @@ mod crash;
 mod hand_off;
 mod http;
 mod lease;
+mod observability;
 mod operator;
 mod outage;
 mod ownership;

@@ -10,6 +10,7 @@ use crate::backend::{Attempt, Backend, CLAIM_WINDOW};
 use crate::hold::{ClientTurn, Grant};
 use crate::key::LockName;
 use crate::options::Plan;
+use crate::telemetry;
 
 /// Asks the store for `name` during the client's `turn`, sleeping between attempts
 /// until the lock is passed to this client (or, where the store keeps no queue, a
@@ -41,6 +42,7 @@ pub(super) async fn until_granted(
             .then(|| deadline.saturating_duration_since(Instant::now()) + CLAIM_WINDOW);
         let sent_at = Instant::now();
         attempts += 1;
+        telemetry::attempted(attempts);
         let attempt = backend
             .acquire(&name, &token, plan.lease, plan.fencing, join)
             .await?;

@@ -15,6 +15,7 @@ use crate::backend::Backend;
 use crate::hold::{ClientQueues, Holds, Level, LockGuard};
 use crate::key::LockName;
 use crate::options::{HandOff, Plan};
+use crate::telemetry;
 
 /// One client's way of taking locks: its identity, its local lines, its holds.
 pub(crate) struct Acquirer {
@@ -61,8 +62,14 @@ impl Acquirer {
     }
 
     pub(crate) async fn acquire(&self, key: &str, plan: Plan) -> Result<LockGuard, LockError> {
-        let name = Arc::new(LockName::new(key)?);
         let started = Instant::now();
+        let acquired = self.take(key, plan, started).await;
+        telemetry::acquired(&acquired, started.elapsed(), self.backend.kind());
+        acquired
+    }
+
+    async fn take(&self, key: &str, plan: Plan, started: Instant) -> Result<LockGuard, LockError> {
+        let name = Arc::new(LockName::new(key)?);
         let deadline = started + plan.patience();
         if let Some(level) = Level::innermost(self.id, &name.hash) {
             return reenter(&level, &name, &plan, started, deadline).await;

@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -9,7 +10,7 @@ use super::connection::{Connection, Target};
 use super::signals::Signals;
 use super::{Attempt, CLAIM_WINDOW, Queue, Released, Waiters, lease_ms};
 use crate::key::LockName;
-use crate::{ClientConfig, LockError};
+use crate::{ClientConfig, LockError, telemetry};
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
@@ -62,6 +63,9 @@ impl RedisNode {
             bounded(config.command_timeout, script.load_async(&mut connection))
                 .await
                 .map_err(unreachable)?;
+        }
+        if telemetry::WARNS {
+            warn_if_locks_may_be_evicted(&mut connection, config.command_timeout).await;
         }
         Ok(Self::with_connection(target, connection, config, signals))
     }
@@ -295,6 +299,29 @@ impl RedisNode {
         bounded(self.config.command_timeout, call)
             .await
             .map_err(|source| LockError::backend(&name.key, source))
+    }
+}
+
+/// Locks are keys with a lease, which every eviction policy but `noeviction` may
+/// evict once `maxmemory` is reached. Managed and ACL-limited Redis often refuse
+/// `CONFIG GET`: then nothing is said.
+async fn warn_if_locks_may_be_evicted(connection: &mut Connection, limit: Duration) {
+    let mut config = redis::cmd("CONFIG");
+    config.arg("GET").arg("maxmemory*");
+    let Ok(settings) = bounded(
+        limit,
+        config.query_async::<HashMap<String, String>>(connection),
+    )
+    .await
+    else {
+        return;
+    };
+    let bounded_memory = settings.get("maxmemory").is_some_and(|bytes| bytes != "0");
+    if let Some(policy) = settings.get("maxmemory-policy")
+        && bounded_memory
+        && policy != "noeviction"
+    {
+        telemetry::eviction_possible(policy);
     }
 }
 

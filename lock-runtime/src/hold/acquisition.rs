@@ -13,6 +13,7 @@ use crate::backend::{Finishing, NothingMore, Released};
 use crate::key::LockName;
 use crate::options::HandOff;
 use crate::options::Plan;
+use crate::telemetry;
 
 /// One acquisition that reached Redis: its token, its lease, and the client's turn
 /// for the key. It is held by one guard at a time, the one it was granted to and then
@@ -33,6 +34,7 @@ pub(crate) struct Acquisition {
     /// How many times it was handed on.
     handed_on: AtomicU32,
     released: AtomicBool,
+    lost: AtomicBool,
 }
 
 /// How a hold ended.
@@ -59,6 +61,7 @@ impl Acquisition {
             turn: Mutex::new(Some(grant.turn)),
             handed_on: AtomicU32::new(0),
             released: AtomicBool::new(false),
+            lost: AtomicBool::new(false),
         }
     }
 
@@ -110,6 +113,9 @@ impl Acquisition {
         // The turn first: whoever the loss wakes may take the lock again at once.
         drop(self.turn().take());
         self.lease.end();
+        if !self.lost.swap(true, Ordering::Relaxed) {
+            telemetry::lost(&self.name.key, self.holds.backend.kind());
+        }
     }
 
     /// Sets the lease to `lease` from now, if the token still holds the lock.
@@ -165,7 +171,13 @@ impl Acquisition {
         }
         self.lease.end();
         let (name, token) = (self.name.clone(), self.token.clone());
-        let pass_turn = move |_: &Result<Released, LockError>| drop(turn);
+        let key = name.clone();
+        let pass_turn = move |released: &Result<Released, LockError>| {
+            if let Err(error) = released {
+                telemetry::release_failed(&key.key, error);
+            }
+            drop(turn)
+        };
         self.holds
             .backend
             .release_finishing(&self.runtime, name, token, pass_turn)

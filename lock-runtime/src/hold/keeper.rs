@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::acquisition::Acquisition;
+use crate::telemetry;
 
 /// How long the keeper sleeps at most while holds are pending, so that a new hold
 /// due later than that needs no wake-up.
@@ -180,7 +181,10 @@ async fn renew_while_held(hold: &Weak<Acquisition>) {
             Ok(true) if hold.lease.renewed(sent_at, lease) => next = sent_at + every,
             Ok(_) => return hold.mark_lost(),
             Err(_) if !hold.lease.is_valid() => return hold.mark_lost(),
-            Err(_) => next = Instant::now() + retry_every,
+            Err(error) => {
+                telemetry::renewal_failed(&hold.name.key, &error);
+                next = Instant::now() + retry_every;
+            }
         }
     }
 }

@@ -22,6 +22,7 @@ use crate::backend::Backend;
 use crate::key::LockName;
 use crate::options::{HandOff, Plan};
 use crate::queue::{Queues, Turn};
+use crate::telemetry;
 
 /// The client's turn for a key; a hold may leave its acquisition in the line for
 /// the next task.
@@ -55,6 +56,7 @@ pub(crate) struct Grant {
 pub(crate) struct Hold {
     acquisition: Arc<Acquisition>,
     fence: Option<u64>,
+    since: Instant,
     over: AtomicBool,
     ended: Notify,
 }
@@ -114,6 +116,7 @@ impl Hold {
         Arc::new(Hold {
             acquisition,
             fence,
+            since: Instant::now(),
             over: AtomicBool::new(false),
             ended: Notify::new(),
         })
@@ -155,6 +158,10 @@ impl Hold {
         let was_held = self.is_held();
         self.over.store(true, Ordering::Release);
         self.ended.notify_waiters();
-        (was_held, self.acquisition.hand_on_or_release())
+        let ending = self.acquisition.hand_on_or_release();
+        let handed_on = matches!(ending, Ending::HandedOn);
+        let kind = self.acquisition.holds.backend.kind();
+        telemetry::held(self.since.elapsed(), handed_on, kind);
+        (was_held, ending)
     }
 }
