@@ -97,4 +97,28 @@ async fn two_services_on_one_redis_sell_exactly_the_stock() {
     assert_eq!(sold + left, STOCK, "sold {sold} and {left} left");
     assert_eq!(left, 0, "demand exceeded the stock, so all of it sold");
     assert_eq!(sold_out.load(Ordering::Relaxed), REQUESTS - STOCK as usize);
+
+    let mut acquired = 0;
+    for service in &services {
+        let metrics = http
+            .get(format!("{}/metrics", service.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        acquired += metrics
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix(r#"distributed_lock_acquired_total{backend="redis"} "#)
+            })
+            .expect("the service counts its locks")
+            .parse::<usize>()
+            .unwrap();
+    }
+    assert_eq!(
+        acquired, REQUESTS,
+        "one lock per purchase, counted at /metrics"
+    );
 }

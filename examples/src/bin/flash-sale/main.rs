@@ -5,7 +5,8 @@
 //! `flash-sale` runs the service and the buyers in one process and reports.
 //! `flash-sale serve` only serves (several such processes can share one Redis).
 //! With `REDIS_URL` set, locks and stock live in that Redis; otherwise in memory.
-//! `STOCK`, `REQUESTS` and `CONCURRENCY` change the numbers.
+//! `STOCK`, `REQUESTS` and `CONCURRENCY` change the numbers. `GET /metrics` serves
+//! the lock metrics in Prometheus text.
 
 mod load;
 mod shop;
@@ -14,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use lock_runtime::{LockClient, LockError};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use redis::AsyncCommands;
 use shop::{Shop, Stock};
 
@@ -30,6 +32,9 @@ fn setting(name: &str, default: usize) -> usize {
 async fn main() -> Result<(), LockError> {
     let serve_only = std::env::args().nth(1).as_deref() == Some("serve");
     let stock = setting("STOCK", 100) as i64;
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the only metrics recorder");
     let shop = match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("backend: Redis at {url}");
@@ -48,12 +53,14 @@ async fn main() -> Result<(), LockError> {
             Shop {
                 locks: LockClient::connect(&url).await?,
                 stock: Stock::Redis(data),
+                metrics,
             }
         }
         Err(_) => {
             println!("backend: process memory (set REDIS_URL=redis://127.0.0.1:6379 to use Redis)");
             Shop {
                 locks: LockClient::memory(),
+                metrics,
                 stock: Stock::Memory(Arc::new(Mutex::new(HashMap::from([(
                     SKU.to_owned(),
                     stock,

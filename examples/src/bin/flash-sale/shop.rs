@@ -1,5 +1,5 @@
 //! The shop: one Axum route that sells an item with a read-then-write of its stock,
-//! made safe by `#[distributed_lock]`.
+//! made safe by `#[distributed_lock]`, and the lock metrics in Prometheus text.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,12 +10,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use lock_runtime::{LockClient, LockError, distributed_lock};
+use metrics_exporter_prometheus::PrometheusHandle;
 use redis::AsyncCommands;
 
 #[derive(Clone)]
 pub(crate) struct Shop {
     pub(crate) locks: LockClient,
     pub(crate) stock: Stock,
+    pub(crate) metrics: PrometheusHandle,
 }
 
 /// Where the stock lives. Reads and writes are separate steps on purpose: only the
@@ -58,6 +60,7 @@ pub(crate) fn router(shop: Shop) -> Router {
     Router::new()
         .route("/purchase/{sku}", post(purchase))
         .route("/stock/{sku}", get(stock))
+        .route("/metrics", get(metrics))
         .with_state(shop)
 }
 
@@ -84,6 +87,10 @@ async fn purchase(
 
 async fn stock(State(shop): State<Shop>, Path(sku): Path<String>) -> Result<Json<i64>, ShopError> {
     Ok(Json(shop.stock.read(&sku).await?))
+}
+
+async fn metrics(State(shop): State<Shop>) -> String {
+    shop.metrics.render()
 }
 
 pub(crate) enum ShopError {
