@@ -10,32 +10,42 @@ use std::time::Duration;
 #[allow(missing_docs, reason = "the fields' names say what they hold")]
 pub enum LockError {
     /// The lock is held by another owner and the caller asked not to wait.
+    #[non_exhaustive]
     Busy { key: String },
     /// The lock stayed busy through every allowed attempt or past the deadline.
+    #[non_exhaustive]
     Timeout {
         key: String,
         attempts: u32,
         waited: Duration,
     },
     /// The lease ran out or was taken over while the lock was held.
+    #[non_exhaustive]
     Lost { key: String },
     /// The caller tried to release or extend a lock it no longer owns.
+    #[non_exhaustive]
     NotHeld { key: String },
-    /// The task already holds this key and the options forbid re-entering it.
+    /// The key is already held here and `reentrant(false)` forbids taking it again.
+    #[non_exhaustive]
     Reentered { key: String },
     /// No client was given and no default client was set.
+    #[non_exhaustive]
     NoDefaultClient,
     /// The key cannot name a lock (empty, or too long).
+    #[non_exhaustive]
     InvalidKey { key: String, reason: &'static str },
     /// The options contradict each other or are out of range (the key is empty
     /// when the options are a client's, not a lock's).
+    #[non_exhaustive]
     InvalidOptions { key: String, reason: String },
     /// Redis could not be reached or answered with an error.
+    #[non_exhaustive]
     Backend {
         key: Option<String>,
         source: redis::RedisError,
     },
     /// Fewer Redlock masters than a quorum granted or confirmed the lock.
+    #[non_exhaustive]
     Quorum {
         key: String,
         granted: usize,
@@ -89,38 +99,34 @@ impl fmt::Display for Shown<'_> {
 impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LockError::Busy { key } => write!(
-                f,
-                "lock {} is held by another owner; try again later, or wait for it with `spin(true)`",
-                Shown(key)
-            ),
+            LockError::Busy { key } => write!(f, "lock {} is held by another owner", Shown(key)),
             LockError::Timeout {
                 key,
                 attempts,
                 waited,
             } => write!(
                 f,
-                "lock {} stayed busy through {attempts} attempts over {} ms; raise `retries` or `timeout`, or shorten the work done under the lock",
+                "lock {} stayed busy through {attempts} attempts over {} ms",
                 Shown(key),
                 waited.as_millis()
             ),
             LockError::Lost { key } => write!(
                 f,
-                "lock {} was lost while held (its lease ran out or was taken over), so the work may not have run alone; make it idempotent or check a fencing token",
+                "lock {} was lost while held: its lease ran out or was taken over",
                 Shown(key)
             ),
             LockError::NotHeld { key } => write!(
                 f,
-                "lock {} is no longer held by this owner (its lease ran out or it was released); nothing was changed",
+                "lock {} is no longer held by this guard; nothing was changed",
                 Shown(key)
             ),
             LockError::Reentered { key } => write!(
                 f,
-                "lock {} is already held by this task and `reentrant(false)` forbids taking it again; allow re-entry or take the lock once, in the outer call",
+                "lock {} is already held here and `reentrant(false)` forbids taking it again",
                 Shown(key)
             ),
             LockError::NoDefaultClient => f.write_str(
-                "no lock client: call `lock_runtime::set_default_client(LockClient::connect(url).await?)` at start-up, or pass `client = \"...\"` to `#[distributed_lock]`",
+                "no lock client: call `lock_runtime::set_default_client` at start-up, or pass `client = \"...\"` to `#[distributed_lock]`",
             ),
             LockError::InvalidKey { key, reason } => {
                 write!(f, "invalid lock key {}: {reason}", Shown(key))
@@ -131,22 +137,21 @@ impl fmt::Display for LockError {
             LockError::InvalidOptions { key, reason } => {
                 write!(f, "invalid options for lock {}: {reason}", Shown(key))
             }
-            LockError::Backend { key: Some(key), source } => write!(
+            LockError::Backend { key: Some(key), .. } => write!(
                 f,
-                "Redis failed for lock {}: {source}; check that Redis is up and reachable",
+                "redis request for lock {} failed; check that Redis is up and reachable",
                 Shown(key)
             ),
-            LockError::Backend { key: None, source } => write!(
-                f,
-                "Redis failed: {source}; check the URL and that Redis is up and reachable"
-            ),
+            LockError::Backend { key: None, .. } => {
+                f.write_str("redis request failed; check the URL and that Redis is up and reachable")
+            }
             LockError::Quorum {
                 key,
                 granted,
                 needed,
             } => write!(
                 f,
-                "lock {} was granted by {granted} Redis masters but needs {needed}; check that a majority of the masters is reachable",
+                "lock {} was granted by {granted} Redis masters of the {needed} it needs; check that a majority is reachable",
                 Shown(key)
             ),
         }
@@ -158,6 +163,44 @@ impl std::error::Error for LockError {
         match self {
             LockError::Backend { source, .. } => Some(source),
             _ => None,
+        }
+    }
+}
+
+/// A Redis error that concerns no one lock, as when connecting.
+impl From<redis::RedisError> for LockError {
+    fn from(source: redis::RedisError) -> Self {
+        LockError::Backend { key: None, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    #[test]
+    fn the_source_is_chained_not_repeated() {
+        let source = redis::RedisError::from((redis::ErrorKind::Io, "connection refused"));
+        let error = LockError::backend("order:1", source);
+        let message = error.to_string();
+        assert!(message.contains("`order:1`"), "{message}");
+        assert!(!message.contains("refused"), "{message}");
+        let chained = error.source().expect("the Redis error is the source");
+        assert!(chained.to_string().contains("connection refused"));
+    }
+
+    #[test]
+    fn messages_are_lowercase_without_a_final_period() {
+        let errors = [
+            LockError::Busy { key: "k".into() },
+            LockError::NoDefaultClient,
+            LockError::from(redis::RedisError::from((redis::ErrorKind::Io, "x"))),
+        ];
+        for error in errors {
+            let message = error.to_string();
+            assert!(message.starts_with(char::is_lowercase), "{message}");
+            assert!(!message.ends_with('.'), "{message}");
         }
     }
 }

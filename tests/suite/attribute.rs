@@ -136,7 +136,7 @@ async fn fail_fast_returns_busy_while_the_lock_is_held() {
         "it failed at once instead of waiting out the holder's second"
     );
     match busy {
-        Err(LockError::Busy { key }) => {
+        Err(LockError::Busy { key, .. }) => {
             assert_eq!(key, "suite::attribute::reserve_or_give_up:1:sku-1")
         }
         other => panic!("expected Busy, got {other:?}"),
@@ -265,7 +265,7 @@ async fn a_lost_lease_cancels_the_body_or_lets_it_see_the_loss() {
     let result = long_import(&locks, &finished).await;
     let cancelled_after = deleting.await.unwrap().elapsed();
     assert!(
-        matches!(result, Err(LockError::Lost { ref key }) if key == "import"),
+        matches!(result, Err(LockError::Lost { ref key, .. }) if key == "import"),
         "{result:?}"
     );
     assert!(!finished.load(Ordering::SeqCst), "the body was dropped");
@@ -325,7 +325,7 @@ async fn the_default_prefix_is_the_module_path_and_a_prefix_is_taken_as_written(
         .expect("payments::cancel takes a lock of its own");
     let busy = orders::cancel(&there, Duration::ZERO).await;
     match busy {
-        Err(LockError::Busy { key }) => assert_eq!(key, "suite::attribute::orders::cancel"),
+        Err(LockError::Busy { key, .. }) => assert_eq!(key, "suite::attribute::orders::cancel"),
         other => panic!("expected Busy, got {other:?}"),
     }
     order_cancel.await.unwrap().unwrap();
@@ -336,7 +336,7 @@ async fn the_default_prefix_is_the_module_path_and_a_prefix_is_taken_as_written(
         .unwrap();
     let busy = tenant_order(&here, 42).await;
     assert!(
-        matches!(busy, Err(LockError::Busy { ref key }) if key == "tenant:order:42"),
+        matches!(busy, Err(LockError::Busy { ref key, .. }) if key == "tenant:order:42"),
         "{busy:?}"
     );
     by_hand.release().await.unwrap();

@@ -237,9 +237,9 @@ async fn stale_holder_cannot_release_or_extend(fixture: Fixture) {
         .await;
 
     let extended = stale.extend(Duration::from_secs(60)).await;
-    assert!(matches!(extended, Err(LockError::NotHeld { ref key }) if key == "account"));
+    assert!(matches!(extended, Err(LockError::NotHeld { ref key, .. }) if key == "account"));
     let released = stale.release().await;
-    assert!(matches!(released, Err(LockError::NotHeld { ref key }) if key == "account"));
+    assert!(matches!(released, Err(LockError::NotHeld { ref key, .. }) if key == "account"));
 
     assert!(current.is_held());
     assert!(
@@ -265,7 +265,7 @@ async fn fail_fast(fixture: Fixture) {
         .acquire("sku-1", &LockOptions::new().spin(false))
         .await;
     assert!(
-        matches!(busy, Err(LockError::Busy { ref key }) if key == "sku-1"),
+        matches!(busy, Err(LockError::Busy { ref key, .. }) if key == "sku-1"),
         "{busy:?}"
     );
     holder.release().await.unwrap();

@@ -232,7 +232,7 @@ async fn reentry_that_cannot_honour_its_options_is_refused(fixture: Fixture) {
                 .acquire("batch", &LockOptions::new().fencing(true))
                 .await;
             match fenced {
-                Err(LockError::InvalidOptions { key, reason }) => {
+                Err(LockError::InvalidOptions { key, reason, .. }) => {
                     assert_eq!(key, "batch");
                     assert!(reason.contains("fencing"), "{reason}");
                 }
@@ -243,7 +243,7 @@ async fn reentry_that_cannot_honour_its_options_is_refused(fixture: Fixture) {
                 .acquire("batch", &LockOptions::new().reentrant(false))
                 .await;
             assert!(
-                matches!(nested, Err(LockError::Reentered { ref key }) if key == "batch"),
+                matches!(nested, Err(LockError::Reentered { ref key, .. }) if key == "batch"),
                 "{nested:?}"
             );
             assert!(started.elapsed() < Duration::from_millis(200), "at once");

@@ -40,6 +40,7 @@ async fn a_minority_down_keeps_locking_and_a_majority_down_is_a_quorum_error() {
             key,
             granted,
             needed,
+            ..
         }) => {
             assert_eq!((key.as_str(), granted, needed), ("payroll", 2, 3));
         }

@@ -14,7 +14,7 @@ async fn main() -> Result<(), LockError> {
         eprintln!("set REDIS_URL, e.g. REDIS_URL=redis://127.0.0.1:6379");
         std::process::exit(2);
     };
-    let backend = |source| LockError::Backend { key: None, source };
+    let backend = LockError::from;
     let locks = LockClient::connect(&url).await?;
     let mut store = redis::Client::open(url.as_str())
         .map_err(backend)?

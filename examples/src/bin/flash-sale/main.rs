@@ -38,7 +38,7 @@ async fn main() -> Result<(), LockError> {
     let shop = match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("backend: Redis at {url}");
-            let backend = |source| LockError::Backend { key: None, source };
+            let backend = LockError::from;
             let redis = redis::Client::open(url.as_str()).map_err(backend)?;
             let mut data = redis
                 .get_multiplexed_async_connection()
