@@ -9,9 +9,9 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo, Pipeline,
-    ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture, RedisResult,
-    ServerErrorKind, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
+    IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo,
+    RedisError, RedisFuture, RedisResult, ServerErrorKind, TlsMode, Value,
 };
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -21,7 +21,14 @@ use crate::ClientConfig;
 
 /// Where the locks live, and how to connect there again.
 pub(crate) enum Target {
-    Server(Client),
+    /// One server. `manager` is the application's own connection, used as it is;
+    /// without one, the client's connection info makes ours. Either way the
+    /// subscriber connection is made from `client`, since a `ConnectionManager` does
+    /// not reveal what it connects to.
+    Server {
+        client: Client,
+        manager: Option<ConnectionManager>,
+    },
     Cluster(Vec<String>),
     Sentinel {
         sentinels: Vec<String>,
@@ -39,7 +46,21 @@ pub(crate) enum Connection {
 
 impl Target {
     pub(crate) fn server(url: &str) -> RedisResult<Target> {
-        Ok(Target::Server(Client::open(url)?))
+        Ok(Self::client(Client::open(url)?))
+    }
+
+    pub(crate) fn client(client: Client) -> Target {
+        Target::Server {
+            client,
+            manager: None,
+        }
+    }
+
+    pub(crate) fn manager(manager: ConnectionManager, client: Client) -> Target {
+        Target::Server {
+            client,
+            manager: Some(manager),
+        }
     }
 
     pub(crate) fn cluster(urls: Vec<String>) -> Target {
@@ -60,13 +81,13 @@ impl Target {
     pub(crate) fn publish_command(&self) -> &'static str {
         match self {
             Target::Cluster(_) => "SPUBLISH",
-            Target::Server(_) | Target::Sentinel { .. } => "PUBLISH",
+            Target::Server { .. } | Target::Sentinel { .. } => "PUBLISH",
         }
     }
 
     pub(crate) fn kind(&self) -> &'static str {
         match self {
-            Target::Server(_) => "redis",
+            Target::Server { .. } => "redis",
             Target::Cluster(_) => "cluster",
             Target::Sentinel { .. } => "sentinel",
         }
@@ -74,7 +95,11 @@ impl Target {
 
     pub(crate) async fn connect(&self, config: &ClientConfig) -> RedisResult<Connection> {
         match self {
-            Target::Server(client) => {
+            Target::Server {
+                manager: Some(manager),
+                ..
+            } => Ok(Connection::Server(manager.clone())),
+            Target::Server { client, .. } => {
                 let manager =
                     ConnectionManager::new_with_config(client.clone(), manager_config(config))
                         .await?;
@@ -95,7 +120,11 @@ impl Target {
     /// A connection made on first use, for a Redlock node that may be down now.
     pub(crate) fn connect_lazily(&self, config: &ClientConfig) -> RedisResult<Connection> {
         match self {
-            Target::Server(client) => Ok(Connection::Server(
+            Target::Server {
+                manager: Some(manager),
+                ..
+            } => Ok(Connection::Server(manager.clone())),
+            Target::Server { client, .. } => Ok(Connection::Server(
                 ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))?,
             )),
             Target::Cluster(_) | Target::Sentinel { .. } => Err(RedisError::from((
@@ -118,7 +147,7 @@ impl Target {
             Ok::<(), redis::aio::SendError>(())
         };
         match self {
-            Target::Server(client) => {
+            Target::Server { client, .. } => {
                 let client = resp3(client)?;
                 let manager_config = manager_config(config)
                     .set_push_sender(pushes)
@@ -364,8 +393,9 @@ fn cluster_builder(urls: &[String], config: &ClientConfig) -> ClusterClientBuild
 }
 
 /// The primary takes the user, password and database of the first Sentinel URL, as
-/// deployments that protect both with one password expect. The Sentinels keep the
-/// credentials of their URLs but not the database, which they do not have.
+/// deployments that protect both with one password expect, and TLS when that URL is
+/// `rediss://`. The Sentinels keep the credentials of their URLs but not the
+/// database, which they do not have.
 fn sentinel_client(
     sentinels: &[String],
     primary: &str,
@@ -384,7 +414,16 @@ fn sentinel_client(
         let settings = info.redis_settings().clone().set_db(0);
         info.set_redis_settings(settings)
     };
-    let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
+    let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
+    if let Some(info) = sentinels.first()
+        && let ConnectionAddr::TcpTls { insecure, .. } = info.addr()
+    {
+        node = node.set_tls_mode(if *insecure {
+            TlsMode::Insecure
+        } else {
+            TlsMode::Secure
+        });
+    }
     SentinelClient::build(
         sentinels.into_iter().map(without_db).collect(),
         primary.to_owned(),
