@@ -12,6 +12,7 @@ mod lease;
 mod outage;
 mod ownership;
 mod redlock;
+mod secured;
 mod sentinel;
 mod waiting;
 

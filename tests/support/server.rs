@@ -1,5 +1,5 @@
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,8 @@ pub struct RedisServer {
     sentinel_config: Option<String>,
     /// What clients must authenticate with (`requirepass`), if anything.
     password: Option<String>,
+    /// The CA certificate (PEM) that signed the server's, when it serves TLS only.
+    tls_ca: Option<Vec<u8>>,
     child: Option<Child>,
 }
 
@@ -24,14 +26,21 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (`["--appendonly", "yes"]`).
     pub fn start_with(args: &[&str]) -> RedisServer {
-        Self::start_as(None, None, args)
+        Self::start_as(None, None, false, args)
     }
 
     /// Starts a server that requires `password`, and uses it as a replica too.
     pub fn start_with_password(password: &str, args: &[&str]) -> RedisServer {
         let auth = ["--requirepass", password, "--masterauth", password];
         let args: Vec<&str> = auth.iter().chain(args).copied().collect();
-        Self::start_as(None, Some(password), &args)
+        Self::start_as(None, Some(password), false, &args)
+    }
+
+    /// Starts a server that speaks TLS only, with a certificate for `127.0.0.1`
+    /// signed by a CA made for it now (see [`tls_ca`](Self::tls_ca)). Clients need
+    /// no certificate of their own.
+    pub fn start_with_tls() -> RedisServer {
+        Self::start_as(None, None, true, &[])
     }
 
     /// Starts a Sentinel watching the primary `name` at `primary_port`, which it
@@ -56,12 +65,13 @@ impl RedisServer {
                  sentinel sentinel-pass {password}\n"
             ));
         }
-        Self::start_as(Some(config), password, &[])
+        Self::start_as(Some(config), password, false, &[])
     }
 
     fn start_as(
         sentinel_config: Option<String>,
         password: Option<&str>,
+        tls: bool,
         args: &[&str],
     ) -> RedisServer {
         // A port free a moment ago may be taken by now (or, on a Cluster, the bus
@@ -71,12 +81,29 @@ impl RedisServer {
             let dir =
                 std::env::temp_dir().join(format!("lock-tests-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create the server's folder");
+            let mut args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+            let tls_ca = tls.then(|| {
+                let ca = make_certificates(&dir);
+                let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+                args.extend([
+                    "--tls-cert-file".to_owned(),
+                    file("server.crt"),
+                    "--tls-key-file".to_owned(),
+                    file("server.key"),
+                    "--tls-ca-cert-file".to_owned(),
+                    file("ca.crt"),
+                    "--tls-auth-clients".to_owned(),
+                    "no".to_owned(),
+                ]);
+                ca
+            });
             let mut server = RedisServer {
                 port,
                 dir,
-                args: args.iter().map(|arg| arg.to_string()).collect(),
+                args,
                 sentinel_config: sentinel_config.clone(),
                 password: password.map(str::to_owned),
+                tls_ca,
                 child: None,
             };
             if server.launch().is_ok() {
@@ -86,12 +113,50 @@ impl RedisServer {
         panic!("redis-server exited at start on 5 different free ports; run it by hand to see why");
     }
 
-    /// `redis://127.0.0.1:<port>`, with the password when the server has one.
+    /// `redis://127.0.0.1:<port>` (`rediss://` with TLS), with the password when the
+    /// server has one.
     pub fn url(&self) -> String {
         match &self.password {
-            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
-            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(password) => self.url_as("", password),
+            None => format!("{}://127.0.0.1:{}", self.scheme(), self.port),
         }
+    }
+
+    /// The URL for the ACL user `user` (empty for the default user) and `password`.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!(
+            "{}://{user}:{password}@127.0.0.1:{}",
+            self.scheme(),
+            self.port
+        )
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls_ca.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        }
+    }
+
+    /// The CA certificate (PEM) that signed a TLS server's certificate.
+    pub fn tls_ca(&self) -> Option<&[u8]> {
+        self.tls_ca.as_deref()
+    }
+
+    /// A client for `url` that trusts this server's CA when it serves TLS.
+    pub fn client_for(&self, url: &str) -> redis::Client {
+        match &self.tls_ca {
+            Some(ca) => redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                },
+            ),
+            None => redis::Client::open(url),
+        }
+        .expect("a valid test URL")
     }
 
     pub fn port(&self) -> u16 {
@@ -130,15 +195,13 @@ impl RedisServer {
         } else {
             command.args(["--save", "", "--appendonly", "no"]);
         }
+        let port = self.port.to_string();
+        match self.tls_ca {
+            Some(_) => command.args(["--port", "0", "--tls-port", &port]),
+            None => command.args(["--port", &port]),
+        };
         command
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--protected-mode",
-                "no",
-            ])
+            .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.args)
@@ -188,8 +251,8 @@ impl RedisServer {
 
     /// A plain blocking connection, for setting up and inspecting state.
     pub fn connection(&self) -> redis::Connection {
-        redis::Client::open(self.url())
-            .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(2)))
+        self.client_for(&self.url())
+            .get_connection_with_timeout(Duration::from_secs(2))
             .expect("connect to the test redis-server")
     }
 
@@ -217,8 +280,9 @@ impl RedisServer {
     fn wait_until_ready(&mut self) -> Result<(), std::process::ExitStatus> {
         let started = Instant::now();
         loop {
-            let ping = redis::Client::open(self.url())
-                .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(200)))
+            let ping = self
+                .client_for(&self.url())
+                .get_connection_with_timeout(Duration::from_millis(200))
                 .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection));
             if ping.is_ok() {
                 return Ok(());
@@ -246,6 +310,67 @@ impl Drop for RedisServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Writes a CA (`ca.crt`) and a certificate for `127.0.0.1` it signed (`server.crt`,
+/// `server.key`) into `dir`, with the `openssl` command; returns the CA's PEM.
+fn make_certificates(dir: &Path) -> Vec<u8> {
+    let openssl = |args: &[&str]| {
+        let made = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl (Debian package openssl)");
+        assert!(
+            made.status.success(),
+            "openssl {args:?} failed: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    };
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca: Vec<&str> = ["req", "-x509", "-days", "2", "-subj", "/CN=lock-tests CA"]
+        .into_iter()
+        .chain(key)
+        .chain(["-keyout", "ca.key", "-out", "ca.crt"])
+        .chain(["-addext", "basicConstraints=critical,CA:TRUE"])
+        .chain(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+        .collect();
+    openssl(&ca);
+    let request: Vec<&str> = ["req", "-subj", "/CN=127.0.0.1"]
+        .into_iter()
+        .chain(key)
+        .chain(["-keyout", "server.key", "-out", "server.csr"])
+        .collect();
+    openssl(&request);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("write server.ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-days",
+        "2",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.crt",
+    ]);
+    std::fs::read(dir.join("ca.crt")).expect("read ca.crt")
 }
 
 /// A loopback port that was free a moment ago.

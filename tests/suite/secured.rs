@@ -1,0 +1,292 @@
+//! Redis as production runs it: a password, an ACL user allowed only what the
+//! library needs, TLS with a private CA, and the application's own `redis::Client`
+//! or `ConnectionManager`. On each, two clients exclude each other and a release
+//! wakes the other client's waiter at once.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, LockOptions};
+use lock_tests::RedisServer;
+use tokio::time::Instant;
+
+use crate::attribute::Overlap;
+
+/// What the library's ACL user may do, as the README shows it after
+/// `ACL SETUSER locks on >password`: its keys and channels, and its commands.
+const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
++ping +hello +auth +select \
++set +get +del +pexpire +pttl +incr +time \
++zadd +zrem +zrange +zpopmin +zremrangebyscore +hset +hget +hdel \
++evalsha +eval +script|load \
++publish +spublish +subscribe +unsubscribe +ssubscribe +sunsubscribe";
+
+const RETRY_WAIT: Duration = Duration::from_secs(5);
+
+/// Workers of both clients take turns on one key with fencing; then each client
+/// in turn waits for a lock the other holds and is woken by its release.
+async fn exclude_and_wake(first: &LockClient, second: &LockClient) {
+    let overlap = Arc::new(Overlap::default());
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let options = LockOptions::new()
+        .fencing(true)
+        .retry_wait(Duration::from_millis(20))
+        .timeout(Duration::from_secs(20));
+    let workers: Vec<_> = [first, second, first, second]
+        .into_iter()
+        .map(|client| {
+            let (client, options) = (client.clone(), options.clone());
+            let (overlap, tokens) = (overlap.clone(), tokens.clone());
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    let guard = client.acquire("ledger", &options).await.unwrap();
+                    tokens.lock().unwrap().push(guard.fencing_token().unwrap());
+                    overlap.section(Duration::from_millis(2)).await;
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    assert_eq!(overlap.most(), 1, "two holders were inside at once");
+    let tokens = tokens.lock().unwrap().clone();
+    assert_eq!(tokens.len(), 40);
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "fencing tokens out of order: {tokens:?}"
+    );
+
+    wakes(first, second).await;
+    wakes(second, first).await;
+}
+
+/// `waiter` waits for the lock `holder` holds, and gets it well before its pause
+/// between attempts would have ended: it was woken, not polling.
+async fn wakes(holder: &LockClient, waiter: &LockClient) {
+    let guard = holder.acquire("seat", &LockOptions::new()).await.unwrap();
+    let waiter = waiter.clone();
+    let waiting = tokio::spawn(async move {
+        let patient = LockOptions::new()
+            .retry_wait(RETRY_WAIT)
+            .timeout(Duration::from_secs(20));
+        waiter.acquire("seat", &patient).await
+    });
+    // Long enough for the waiter's first attempt and its subscription.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the waiter got a held lock");
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let taken = waiting.await.unwrap().expect("the waiter gets the lock");
+    let handed_over = released_at.elapsed();
+    assert!(
+        handed_over < RETRY_WAIT / 10,
+        "the waiter polled instead of being woken: {handed_over:?}"
+    );
+    taken.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_the_url_opens_a_protected_redis() {
+    let redis = RedisServer::start_with_password("s3cret", &[]);
+    assert!(redis.url().contains(":s3cret@"));
+    let first = LockClient::connect(&redis.url()).await.unwrap();
+    let second = LockClient::connect(&redis.url()).await.unwrap();
+    exclude_and_wake(&first, &second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_or_missing_password_fails_at_connect() {
+    let redis = RedisServer::start_with_password("s3cret", &[]);
+    for url in [
+        redis.url_as("", "wrong"),
+        format!("redis://127.0.0.1:{}", redis.port()),
+    ] {
+        let started = Instant::now();
+        let refused = LockClient::connect(&url).await;
+        let took = started.elapsed();
+        let Err(LockError::Backend { key: None, source }) = &refused else {
+            panic!("{url}: expected a backend error, got {refused:?}");
+        };
+        assert!(
+            took < Duration::from_secs(3),
+            "{url}: refused only after {took:?}"
+        );
+        let message = source.to_string();
+        let named = ["auth", "noauth", "wrongpass", "password"]
+            .iter()
+            .any(|word| message.to_lowercase().contains(word));
+        assert!(
+            named,
+            "{url}: the error does not say authentication failed: {refused:?}"
+        );
+    }
+}
+
+/// The ACL user of the README, on database 3.
+async fn lock_user(redis: &RedisServer) -> String {
+    let mut admin = redis.connection();
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("locks")
+        .arg("on")
+        .arg(">locks-pass")
+        .arg(LOCK_USER_RULES.split_whitespace().collect::<Vec<_>>())
+        .query(&mut admin)
+        .expect("ACL SETUSER with the README's rules");
+    format!("{}/3", redis.url_as("locks", "locks-pass"))
+}
+
+#[test]
+fn the_readme_gives_the_tested_acl_line() {
+    let readme = include_str!("../../README.md");
+    let line = format!("ACL SETUSER locks on >CHANGE-ME {LOCK_USER_RULES}");
+    assert!(
+        readme.contains(&line),
+        "the README's ACL line differs from the tested one:\n{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_with_only_the_needed_commands_does_everything() {
+    let redis = RedisServer::start_with_password("admin-pass", &[]);
+    let url = lock_user(&redis).await;
+    let first = LockClient::connect(&url).await.unwrap();
+    let second = LockClient::connect(&url).await.unwrap();
+    exclude_and_wake(&first, &second).await;
+
+    // Lease renewal (`extend`) and a stale holder's refused release, too.
+    let options = LockOptions::new().lease(Duration::from_millis(300));
+    let guard = first.acquire("report", &options).await.unwrap();
+    guard.extend(Duration::from_secs(10)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(guard.is_held(), "the extended lease ran out");
+    assert!(
+        second
+            .try_acquire("report", &options)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+
+    let mut admin = redis.connection();
+    let denied: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query(&mut admin)
+        .expect("ACL LOG");
+    assert!(
+        denied.is_empty(),
+        "the library used commands, keys or channels the README's ACL line does not allow: {denied:?}"
+    );
+    // The locks live in the URL's database, and the user is limited as meant.
+    let fence_in = |db: i64, admin: &mut redis::Connection| -> Option<u64> {
+        let () = redis::cmd("SELECT").arg(db).query(admin).unwrap();
+        redis::cmd("GET")
+            .arg("lock:{ledger}:fence")
+            .query(admin)
+            .unwrap()
+    };
+    assert!(
+        fence_in(3, &mut admin).is_some(),
+        "no fencing counter in database 3"
+    );
+    assert_eq!(
+        fence_in(0, &mut admin),
+        None,
+        "a fencing counter in database 0"
+    );
+    let mut user = redis.client_for(&url).get_connection().unwrap();
+    let outside = redis::cmd("GET")
+        .arg("orders")
+        .query::<Option<String>>(&mut user);
+    assert!(outside.is_err(), "the ACL user reads keys outside `lock:*`");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_missing_a_command_fails_at_connect() {
+    let redis = RedisServer::start_with_password("admin-pass", &[]);
+    let url = lock_user(&redis).await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("locks")
+        .arg("-script|load")
+        .query(&mut redis.connection())
+        .unwrap();
+    let refused = LockClient::connect(&url).await;
+    let message = refused
+        .expect_err("connected without SCRIPT LOAD")
+        .to_string();
+    assert!(
+        message.contains("no permissions") && message.contains("script|load"),
+        "the error does not name the missing permission: {message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca() {
+    let redis = RedisServer::start_with_tls();
+    assert!(redis.url().starts_with("rediss://"));
+    let first = LockClient::from_client(redis.client_for(&redis.url()))
+        .await
+        .unwrap();
+    let second = LockClient::from_client(redis.client_for(&redis.url()))
+        .await
+        .unwrap();
+    exclude_and_wake(&first, &second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_refuses_a_server_it_does_not_trust() {
+    let redis = RedisServer::start_with_tls();
+    let started = Instant::now();
+    // `connect` trusts only the system's roots, which do not hold the test CA.
+    let refused = LockClient::connect(&redis.url()).await;
+    assert!(
+        matches!(refused, Err(LockError::Backend { .. })),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_client_locks_on_the_apps_client() {
+    let redis = RedisServer::start_with_password("s3cret", &[]);
+    let app_client = redis::Client::open(redis.url()).unwrap();
+    let reused = LockClient::from_client(app_client).await.unwrap();
+    let other = LockClient::connect(&redis.url()).await.unwrap();
+    exclude_and_wake(&reused, &other).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_connection_manager_locks_over_the_apps_connection() {
+    let redis = RedisServer::start_with_password("s3cret", &[]);
+    let mut admin = redis.connection();
+    let mut connections = || {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut admin).unwrap();
+        list.lines().count()
+    };
+    let app_client = redis::Client::open(redis.url()).unwrap();
+    let manager = redis::aio::ConnectionManager::new(app_client.clone())
+        .await
+        .unwrap();
+    let before = connections();
+    let reused = LockClient::from_connection_manager(manager, app_client)
+        .await
+        .unwrap();
+    assert!(
+        reused
+            .try_acquire("probe", &LockOptions::new())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        connections(),
+        before,
+        "the lock client opened a connection of its own for commands"
+    );
+    let other = LockClient::connect(&redis.url()).await.unwrap();
+    exclude_and_wake(&reused, &other).await;
+}
