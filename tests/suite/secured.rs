@@ -15,10 +15,10 @@ use crate::attribute::Overlap;
 /// What the library's ACL user may do, as the README shows it after
 /// `ACL SETUSER locks on >password`: its keys and channels, and its commands.
 const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
-+ping +hello +auth +select \
++select \
 +set +get +del +pexpire +pttl +incr +time \
 +zadd +zrem +zrange +zpopmin +zremrangebyscore +hset +hget +hdel \
-+evalsha +eval +script|load \
++evalsha +script|load \
 +publish +spublish +subscribe +unsubscribe +ssubscribe +sunsubscribe";
 
 const RETRY_WAIT: Duration = Duration::from_secs(5);
