@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockOptions};
-use lock_tests::RedisServer;
+use lock_tests::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 
 use crate::attribute::Overlap;
@@ -124,18 +124,29 @@ async fn a_wrong_or_missing_password_fails_at_connect() {
     }
 }
 
-/// The ACL user of the README, on database 3.
-async fn lock_user(redis: &RedisServer) -> String {
-    let mut admin = redis.connection();
+/// What the ACL user needs in addition on a Cluster, as the README says.
+const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
+
+/// Adds the README's ACL user `locks`, with `rules` besides; returns its URL.
+fn add_lock_user(redis: &RedisServer, rules: &str) -> String {
     let () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg("locks")
         .arg("on")
         .arg(">locks-pass")
         .arg(LOCK_USER_RULES.split_whitespace().collect::<Vec<_>>())
-        .query(&mut admin)
+        .arg(rules.split_whitespace().collect::<Vec<_>>())
+        .query(&mut redis.connection())
         .expect("ACL SETUSER with the README's rules");
-    format!("{}/3", redis.url_as("locks", "locks-pass"))
+    redis.url_as("locks", "locks-pass")
+}
+
+/// The commands, keys and channels the server refused to anyone since it started.
+fn denied(redis: &RedisServer) -> Vec<redis::Value> {
+    redis::cmd("ACL")
+        .arg("LOG")
+        .query(&mut redis.connection())
+        .expect("ACL LOG")
 }
 
 #[test]
@@ -146,12 +157,17 @@ fn the_readme_gives_the_tested_acl_line() {
         readme.contains(&line),
         "the README's ACL line differs from the tested one:\n{line}"
     );
+    let cluster = format!("On a Cluster, add `{LOCK_USER_CLUSTER_RULES}`");
+    assert!(
+        readme.contains(&cluster),
+        "the README does not say `{cluster}`"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_with_only_the_needed_commands_does_everything() {
     let redis = RedisServer::start_with_password("admin-pass", &[]);
-    let url = lock_user(&redis).await;
+    let url = format!("{}/3", add_lock_user(&redis, ""));
     let first = LockClient::connect(&url).await.unwrap();
     let second = LockClient::connect(&url).await.unwrap();
     exclude_and_wake(&first, &second).await;
@@ -171,15 +187,12 @@ async fn an_acl_user_with_only_the_needed_commands_does_everything() {
     );
     guard.release().await.unwrap();
 
-    let mut admin = redis.connection();
-    let denied: Vec<redis::Value> = redis::cmd("ACL")
-        .arg("LOG")
-        .query(&mut admin)
-        .expect("ACL LOG");
+    let denied = denied(&redis);
     assert!(
         denied.is_empty(),
         "the library used commands, keys or channels the README's ACL line does not allow: {denied:?}"
     );
+    let mut admin = redis.connection();
     // The locks live in the URL's database, and the user is limited as meant.
     let fence_in = |db: i64, admin: &mut redis::Connection| -> Option<u64> {
         let () = redis::cmd("SELECT").arg(db).query(admin).unwrap();
@@ -207,7 +220,7 @@ async fn an_acl_user_with_only_the_needed_commands_does_everything() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_missing_a_command_fails_at_connect() {
     let redis = RedisServer::start_with_password("admin-pass", &[]);
-    let url = lock_user(&redis).await;
+    let url = add_lock_user(&redis, "");
     let () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg("locks")
@@ -222,6 +235,26 @@ async fn an_acl_user_missing_a_command_fails_at_connect() {
         message.contains("no permissions") && message.contains("script|load"),
         "the error does not name the missing permission: {message}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_takes_the_acl_user_from_its_urls() {
+    let cluster = RedisCluster::start_with_password("admin-pass");
+    let urls: Vec<String> = cluster
+        .servers
+        .iter()
+        .map(|server| add_lock_user(server, LOCK_USER_CLUSTER_RULES))
+        .collect();
+    let first = LockClient::cluster(&urls).await.unwrap();
+    let second = LockClient::cluster(&urls).await.unwrap();
+    exclude_and_wake(&first, &second).await;
+    for server in &cluster.servers {
+        let denied = denied(server);
+        assert!(
+            denied.is_empty(),
+            "a Cluster node refused the library: {denied:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,9 +11,25 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
+        Self::start_as(None)
+    }
+
+    /// Like [`start`](Self::start), with every node requiring `password`.
+    pub fn start_with_password(password: &str) -> RedisCluster {
+        Self::start_as(Some(password))
+    }
+
+    fn start_as(password: Option<&str>) -> RedisCluster {
         let config = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
-        let servers: Vec<RedisServer> = (0..6).map(|_| RedisServer::start_with(&config)).collect();
+        let server = || match password {
+            Some(password) => RedisServer::start_with_password(password, &config),
+            None => RedisServer::start_with(&config),
+        };
+        let servers: Vec<RedisServer> = (0..6).map(|_| server()).collect();
         let mut create = Command::new("redis-cli");
+        if let Some(password) = password {
+            create.arg("--no-auth-warning").arg("-a").arg(password);
+        }
         create.arg("--cluster").arg("create");
         for server in &servers {
             create.arg(format!("127.0.0.1:{}", server.port()));
