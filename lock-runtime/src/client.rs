@@ -19,6 +19,8 @@ pub struct ClientConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
     pub(crate) hand_off: HandOff,
+    #[cfg(feature = "tls")]
+    pub(crate) tls_certificates: Option<redis::TlsCertificates>,
 }
 
 impl Default for ClientConfig {
@@ -30,6 +32,8 @@ impl Default for ClientConfig {
                 most: DEFAULT_HAND_OFFS,
                 within: DEFAULT_HAND_OFF_WINDOW,
             },
+            #[cfg(feature = "tls")]
+            tls_certificates: None,
         }
     }
 }
@@ -68,6 +72,31 @@ impl ClientConfig {
         self.command_timeout = timeout;
         self
     }
+
+    /// For `rediss://` URLs: the CA to trust instead of the system's roots (a private
+    /// CA), and a client certificate when Redis asks for one. Every URL must then be
+    /// `rediss://`. Taken by [`LockClient::connect_with`], `cluster_with`,
+    /// `sentinel_with` and `redlock_with`. On Sentinel, every Sentinel is then reached
+    /// with the user and password of the first URL.
+    ///
+    /// ```no_run
+    /// use lock_runtime::{ClientConfig, LockClient, redis};
+    ///
+    /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+    /// let private_ca = redis::TlsCertificates {
+    ///     client_tls: None,
+    ///     root_cert: Some(std::fs::read("ca.crt")?),
+    /// };
+    /// let config = ClientConfig::new().tls_certificates(private_ca);
+    /// let locks = LockClient::connect_with("rediss://redis.internal:6380", config).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_certificates(mut self, certificates: redis::TlsCertificates) -> Self {
+        self.tls_certificates = Some(certificates);
+        self
+    }
 }
 
 /// A handle on where locks live: one Redis, a Sentinel-watched primary, a Cluster,
@@ -104,16 +133,17 @@ impl LockClient {
     /// The URL is redis-rs' own: `redis://[user][:password]@host[:port][/db]` (an ACL
     /// user, a password, a database number), `redis+unix:///path/to.sock`, and, with
     /// this crate's `tls` feature, `rediss://` checked against the system's trusted
-    /// roots. For other connection info (a `redis::ConnectionInfo`, a private CA), build
-    /// a [`redis::Client`] and pass it to [`from_client`](Self::from_client).
+    /// roots ([`ClientConfig::tls_certificates`] names others). For other connection
+    /// info (a `redis::ConnectionInfo`, say), build a [`redis::Client`] and pass it to
+    /// [`from_client`](Self::from_client).
     pub async fn connect(url: &str) -> Result<LockClient, LockError> {
         Self::connect_with(url, ClientConfig::default()).await
     }
 
     /// Like [`connect`](Self::connect), with explicit time bounds.
     pub async fn connect_with(url: &str, config: ClientConfig) -> Result<LockClient, LockError> {
-        let target =
-            Target::server(url).map_err(|source| LockError::Backend { key: None, source })?;
+        let target = Target::server(url, &config)
+            .map_err(|source| LockError::Backend { key: None, source })?;
         Self::connect_to(target, config).await
     }
 
@@ -226,7 +256,7 @@ impl LockClient {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let target = Target::sentinel(owned(sentinel_urls), primary_name)
+        let target = Target::sentinel(owned(sentinel_urls), primary_name, &config)
             .map_err(|source| LockError::Backend { key: None, source })?;
         Self::connect_to(target, config).await
     }

@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockOptions};
-use lock_tests::{RedisCluster, RedisServer};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
+use lock_tests::{RedisCluster, RedisServer, SentinelGroup, TestCa};
 use tokio::time::Instant;
 
 use crate::attribute::Overlap;
@@ -257,30 +257,64 @@ async fn a_cluster_takes_the_acl_user_from_its_urls() {
     }
 }
 
+/// Trusts `ca` alone, instead of the system's roots.
+fn trusting(ca: &TestCa) -> ClientConfig {
+    ClientConfig::new().tls_certificates(ca.certificates())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_a_private_ca() {
-    let redis = RedisServer::start_with_tls();
+    let ca = Arc::new(TestCa::new());
+    let redis = RedisServer::start_with_tls(&ca, &[]);
     assert!(redis.url().starts_with("rediss://"));
-    let first = LockClient::from_client(redis.client_for(&redis.url()))
+    let configured = LockClient::connect_with(&redis.url(), trusting(&ca))
         .await
         .unwrap();
-    let second = LockClient::from_client(redis.client_for(&redis.url()))
+    let built = LockClient::from_client(redis.client_for(&redis.url()))
+        .await
+        .unwrap();
+    exclude_and_wake(&configured, &built).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_refuses_a_server_it_does_not_trust() {
+    let redis = RedisServer::start_with_tls(&Arc::new(TestCa::new()), &[]);
+    let another_ca = TestCa::new();
+    // `connect` trusts the system's roots, which do not hold the test CA.
+    for config in [ClientConfig::new(), trusting(&another_ca)] {
+        let started = Instant::now();
+        let refused = LockClient::connect_with(&redis.url(), config).await;
+        assert!(
+            matches!(refused, Err(LockError::Backend { .. })),
+            "connected to an untrusted server: {refused:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls() {
+    let ca = Arc::new(TestCa::new());
+    let cluster = RedisCluster::start_with_tls(&ca);
+    assert!(cluster.urls()[0].starts_with("rediss://"));
+    let first = LockClient::cluster_with(cluster.urls(), trusting(&ca))
+        .await
+        .unwrap();
+    let second = LockClient::cluster_with(cluster.urls(), trusting(&ca))
         .await
         .unwrap();
     exclude_and_wake(&first, &second).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_refuses_a_server_it_does_not_trust() {
-    let redis = RedisServer::start_with_tls();
-    let started = Instant::now();
-    // `connect` trusts only the system's roots, which do not hold the test CA.
-    let refused = LockClient::connect(&redis.url()).await;
-    assert!(
-        matches!(refused, Err(LockError::Backend { .. })),
-        "{refused:?}"
-    );
-    assert!(started.elapsed() < Duration::from_secs(3));
+async fn sentinel_over_tls() {
+    let ca = Arc::new(TestCa::new());
+    let group = SentinelGroup::start_with_tls(Duration::from_secs(1), &ca);
+    assert!(group.sentinel_urls()[0].starts_with("rediss://"));
+    let connect = || LockClient::sentinel_with(group.sentinel_urls(), group.name, trusting(&ca));
+    let first = connect().await.unwrap();
+    let second = connect().await.unwrap();
+    exclude_and_wake(&first, &second).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

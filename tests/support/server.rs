@@ -1,7 +1,10 @@
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::TestCa;
 
 /// A `redis-server` of its own, on a free loopback port, keeping nothing on disk
 /// unless asked. Killed, and its folder removed, when dropped.
@@ -13,8 +16,8 @@ pub struct RedisServer {
     sentinel_config: Option<String>,
     /// What clients must authenticate with (`requirepass`), if anything.
     password: Option<String>,
-    /// The CA certificate (PEM) that signed the server's, when it serves TLS only.
-    tls_ca: Option<Vec<u8>>,
+    /// The CA that signed the server's certificate, when it serves TLS only.
+    tls: Option<Arc<TestCa>>,
     child: Option<Child>,
 }
 
@@ -26,31 +29,32 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (`["--appendonly", "yes"]`).
     pub fn start_with(args: &[&str]) -> RedisServer {
-        Self::start_as(None, None, false, args)
+        Self::start_as(None, None, None, args)
     }
 
     /// Starts a server that requires `password`, and uses it as a replica too.
     pub fn start_with_password(password: &str, args: &[&str]) -> RedisServer {
         let auth = ["--requirepass", password, "--masterauth", password];
         let args: Vec<&str> = auth.iter().chain(args).copied().collect();
-        Self::start_as(None, Some(password), false, &args)
+        Self::start_as(None, Some(password), None, &args)
     }
 
-    /// Starts a server that speaks TLS only, with a certificate for `127.0.0.1`
-    /// signed by a CA made for it now (see [`tls_ca`](Self::tls_ca)). Clients need
-    /// no certificate of their own.
-    pub fn start_with_tls() -> RedisServer {
-        Self::start_as(None, None, true, &[])
+    /// Starts a server that speaks TLS only, with the certificate that `ca` signed
+    /// for `127.0.0.1`. Clients need no certificate of their own.
+    pub fn start_with_tls(ca: &Arc<TestCa>, args: &[&str]) -> RedisServer {
+        Self::start_as(None, None, Some(ca), args)
     }
 
     /// Starts a Sentinel watching the primary `name` at `primary_port`, which it
     /// declares down after `down_after_ms` without an answer. With a password, the
-    /// Sentinel requires it and uses it with the servers and the other Sentinels.
+    /// Sentinel requires it and uses it with the servers and the other Sentinels;
+    /// with a CA, it speaks TLS only, to clients and to them.
     pub fn start_sentinel(
         name: &str,
         primary_port: u16,
         down_after_ms: u64,
         password: Option<&str>,
+        tls: Option<&Arc<TestCa>>,
     ) -> RedisServer {
         let mut config = format!(
             "sentinel monitor {name} 127.0.0.1 {primary_port} 2\n\
@@ -65,13 +69,13 @@ impl RedisServer {
                  sentinel sentinel-pass {password}\n"
             ));
         }
-        Self::start_as(Some(config), password, false, &[])
+        Self::start_as(Some(config), password, tls, &[])
     }
 
     fn start_as(
         sentinel_config: Option<String>,
         password: Option<&str>,
-        tls: bool,
+        tls: Option<&Arc<TestCa>>,
         args: &[&str],
     ) -> RedisServer {
         // A port free a moment ago may be taken by now (or, on a Cluster, the bus
@@ -82,28 +86,16 @@ impl RedisServer {
                 std::env::temp_dir().join(format!("lock-tests-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create the server's folder");
             let mut args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
-            let tls_ca = tls.then(|| {
-                let ca = make_certificates(&dir);
-                let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
-                args.extend([
-                    "--tls-cert-file".to_owned(),
-                    file("server.crt"),
-                    "--tls-key-file".to_owned(),
-                    file("server.key"),
-                    "--tls-ca-cert-file".to_owned(),
-                    file("ca.crt"),
-                    "--tls-auth-clients".to_owned(),
-                    "no".to_owned(),
-                ]);
-                ca
-            });
+            if let Some(ca) = tls {
+                args.extend(ca.server_args());
+            }
             let mut server = RedisServer {
                 port,
                 dir,
                 args,
                 sentinel_config: sentinel_config.clone(),
                 password: password.map(str::to_owned),
-                tls_ca,
+                tls: tls.cloned(),
                 child: None,
             };
             if server.launch().is_ok() {
@@ -132,28 +124,22 @@ impl RedisServer {
     }
 
     fn scheme(&self) -> &'static str {
-        if self.tls_ca.is_some() {
+        if self.tls.is_some() {
             "rediss"
         } else {
             "redis"
         }
     }
 
-    /// The CA certificate (PEM) that signed a TLS server's certificate.
-    pub fn tls_ca(&self) -> Option<&[u8]> {
-        self.tls_ca.as_deref()
+    /// The CA that signed a TLS server's certificate.
+    pub fn tls_ca(&self) -> Option<&Arc<TestCa>> {
+        self.tls.as_ref()
     }
 
     /// A client for `url` that trusts this server's CA when it serves TLS.
     pub fn client_for(&self, url: &str) -> redis::Client {
-        match &self.tls_ca {
-            Some(ca) => redis::Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(ca.clone()),
-                },
-            ),
+        match &self.tls {
+            Some(ca) => redis::Client::build_with_tls(url, ca.certificates()),
             None => redis::Client::open(url),
         }
         .expect("a valid test URL")
@@ -196,7 +182,7 @@ impl RedisServer {
             command.args(["--save", "", "--appendonly", "no"]);
         }
         let port = self.port.to_string();
-        match self.tls_ca {
+        match self.tls {
             Some(_) => command.args(["--port", "0", "--tls-port", &port]),
             None => command.args(["--port", &port]),
         };
@@ -310,67 +296,6 @@ impl Drop for RedisServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// Writes a CA (`ca.crt`) and a certificate for `127.0.0.1` it signed (`server.crt`,
-/// `server.key`) into `dir`, with the `openssl` command; returns the CA's PEM.
-fn make_certificates(dir: &Path) -> Vec<u8> {
-    let openssl = |args: &[&str]| {
-        let made = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl (Debian package openssl)");
-        assert!(
-            made.status.success(),
-            "openssl {args:?} failed: {}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    };
-    let key = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let ca: Vec<&str> = ["req", "-x509", "-days", "2", "-subj", "/CN=lock-tests CA"]
-        .into_iter()
-        .chain(key)
-        .chain(["-keyout", "ca.key", "-out", "ca.crt"])
-        .chain(["-addext", "basicConstraints=critical,CA:TRUE"])
-        .chain(["-addext", "keyUsage=critical,keyCertSign,cRLSign"])
-        .collect();
-    openssl(&ca);
-    let request: Vec<&str> = ["req", "-subj", "/CN=127.0.0.1"]
-        .into_iter()
-        .chain(key)
-        .chain(["-keyout", "server.key", "-out", "server.csr"])
-        .collect();
-    openssl(&request);
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("write server.ext");
-    openssl(&[
-        "x509",
-        "-req",
-        "-days",
-        "2",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-extfile",
-        "server.ext",
-        "-out",
-        "server.crt",
-    ]);
-    std::fs::read(dir.join("ca.crt")).expect("read ca.crt")
 }
 
 /// A loopback port that was free a moment ago.

@@ -7,11 +7,13 @@ use redis::aio::{
 };
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+#[cfg(feature = "tls")]
+use redis::sentinel::SentinelClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
-    IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo,
-    RedisError, RedisFuture, RedisResult, ServerErrorKind, TlsMode, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline,
+    ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, TlsMode, Value,
 };
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -33,6 +35,7 @@ pub(crate) enum Target {
     Sentinel {
         sentinels: Vec<String>,
         primary: String,
+        config: ClientConfig,
         client: Arc<tokio::sync::Mutex<SentinelClient>>,
     },
 }
@@ -45,8 +48,8 @@ pub(crate) enum Connection {
 }
 
 impl Target {
-    pub(crate) fn server(url: &str) -> RedisResult<Target> {
-        Ok(Self::client(Client::open(url)?))
+    pub(crate) fn server(url: &str, config: &ClientConfig) -> RedisResult<Target> {
+        Ok(Self::client(open(url, config)?))
     }
 
     pub(crate) fn client(client: Client) -> Target {
@@ -67,11 +70,16 @@ impl Target {
         Target::Cluster(urls)
     }
 
-    pub(crate) fn sentinel(sentinels: Vec<String>, primary: &str) -> RedisResult<Target> {
-        let client = sentinel_client(&sentinels, primary, ProtocolVersion::RESP2)?;
+    pub(crate) fn sentinel(
+        sentinels: Vec<String>,
+        primary: &str,
+        config: &ClientConfig,
+    ) -> RedisResult<Target> {
+        let client = sentinel_client(&sentinels, primary, ProtocolVersion::RESP2, config)?;
         Ok(Target::Sentinel {
             sentinels,
             primary: primary.to_owned(),
+            config: config.clone(),
             client: Arc::new(tokio::sync::Mutex::new(client)),
         })
     }
@@ -162,9 +170,13 @@ impl Target {
                 Ok(Connection::Cluster(client.get_async_connection().await?))
             }
             Target::Sentinel {
-                sentinels, primary, ..
+                sentinels,
+                primary,
+                config: sentinel_config,
+                ..
             } => {
-                let sentinel = sentinel_client(sentinels, primary, ProtocolVersion::RESP3)?;
+                let sentinel =
+                    sentinel_client(sentinels, primary, ProtocolVersion::RESP3, sentinel_config)?;
                 let (dropped, drops) = tokio::sync::mpsc::unbounded_channel();
                 let pushes = move |push: PushInfo| {
                     if push.kind == PushKind::Disconnection {
@@ -386,47 +398,92 @@ fn resp3(client: &Client) -> RedisResult<Client> {
     Client::open(info.set_redis_settings(resp3))
 }
 
+/// A client for `url`, trusting the configured certificates if any.
+fn open(url: &str, config: &ClientConfig) -> RedisResult<Client> {
+    #[cfg(feature = "tls")]
+    if let Some(certificates) = &config.tls_certificates {
+        return Client::build_with_tls(url, certificates.clone());
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = config;
+    Client::open(url)
+}
+
 fn cluster_builder(urls: &[String], config: &ClientConfig) -> ClusterClientBuilder {
-    ClusterClient::builder(urls.to_vec())
+    let builder = ClusterClient::builder(urls.to_vec())
         .connection_timeout(config.connect_timeout)
-        .response_timeout(config.command_timeout)
+        .response_timeout(config.command_timeout);
+    #[cfg(feature = "tls")]
+    if let Some(certificates) = &config.tls_certificates {
+        return builder.certs(certificates.clone());
+    }
+    builder
 }
 
 /// The primary takes the user, password and database of the first Sentinel URL, as
 /// deployments that protect both with one password expect, and TLS when that URL is
 /// `rediss://`. The Sentinels keep the credentials of their URLs but not the
-/// database, which they do not have.
+/// database, which they do not have; with certificates configured, they take those
+/// of the first URL, since only redis-rs' builder passes certificates on to the
+/// primary.
 fn sentinel_client(
     sentinels: &[String],
     primary: &str,
     protocol: ProtocolVersion,
+    config: &ClientConfig,
 ) -> RedisResult<SentinelClient> {
     let sentinels = sentinels
         .iter()
-        .map(|url| url.as_str().into_connection_info())
+        .map(|url| Ok(open(url, config)?.get_connection_info().clone()))
         .collect::<RedisResult<Vec<_>>>()?;
-    let redis = match sentinels.first() {
+    let first = sentinels.first().cloned();
+    let redis = match &first {
         Some(info) => info.redis_settings().clone(),
         None => RedisConnectionInfo::default(),
     }
     .set_protocol(protocol);
+    let tls = first.as_ref().and_then(|info| match info.addr() {
+        ConnectionAddr::TcpTls { insecure, .. } if *insecure => Some(TlsMode::Insecure),
+        ConnectionAddr::TcpTls { .. } => Some(TlsMode::Secure),
+        _ => None,
+    });
+    #[cfg(feature = "tls")]
+    if let Some(certificates) = &config.tls_certificates {
+        let mut builder = SentinelClientBuilder::new(
+            sentinels.iter().map(|info| info.addr().clone()),
+            primary,
+            SentinelServerType::Master,
+        )?
+        .set_client_to_redis_protocol(protocol)
+        .set_client_to_redis_db(redis.db())
+        .set_client_to_redis_certificates(certificates.clone());
+        if let Some(tls) = tls {
+            builder = builder.set_client_to_redis_tls_mode(tls);
+        }
+        if let Some(user) = redis.username() {
+            builder = builder
+                .set_client_to_redis_username(user)
+                .set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = redis.password() {
+            builder = builder
+                .set_client_to_redis_password(password)
+                .set_client_to_sentinel_password(password);
+        }
+        return builder.build();
+    }
+    let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
+    if let Some(tls) = tls {
+        node = node.set_tls_mode(tls);
+    }
     let without_db = |info: ConnectionInfo| {
         let settings = info.redis_settings().clone().set_db(0);
         info.set_redis_settings(settings)
     };
-    let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
-    if let Some(info) = sentinels.first()
-        && let ConnectionAddr::TcpTls { insecure, .. } = info.addr()
-    {
-        node = node.set_tls_mode(if *insecure {
-            TlsMode::Insecure
-        } else {
-            TlsMode::Secure
-        });
-    }
     SentinelClient::build(
         sentinels.into_iter().map(without_db).collect(),
-        primary.to_owned(),
+        // A `String`: without TLS, redis-rs takes no other type here.
+        String::from(primary),
         Some(node),
         SentinelServerType::Master,
     )
