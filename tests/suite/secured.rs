@@ -24,8 +24,9 @@ const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
 const RETRY_WAIT: Duration = Duration::from_secs(5);
 
 /// Workers of both clients take turns on one key with fencing; then each client
-/// in turn waits for a lock the other holds and is woken by its release.
-async fn exclude_and_wake(first: &LockClient, second: &LockClient) {
+/// in turn waits for a lock the other holds and is woken by its release. `servers`
+/// are where the locks live, to see when a waiter listens.
+async fn exclude_and_wake(first: &LockClient, second: &LockClient, servers: &[&RedisServer]) {
     let overlap = Arc::new(Overlap::default());
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let options = LockOptions::new()
@@ -58,23 +59,37 @@ async fn exclude_and_wake(first: &LockClient, second: &LockClient) {
         "fencing tokens out of order: {tokens:?}"
     );
 
-    wakes(first, second).await;
-    wakes(second, first).await;
+    wakes(first, second, "seat-1", servers).await;
+    wakes(second, first, "seat-2", servers).await;
 }
 
-/// `waiter` waits for the lock `holder` holds, and gets it well before its pause
-/// between attempts would have ended: it was woken, not polling.
-async fn wakes(holder: &LockClient, waiter: &LockClient) {
-    let guard = holder.acquire("seat", &LockOptions::new()).await.unwrap();
+/// `waiter` waits for the lock on `key` that `holder` holds, and gets it well before
+/// its pause between attempts would have ended: it was woken, not polling.
+async fn wakes(
+    holder: &LockClient,
+    waiter: &LockClient,
+    key: &'static str,
+    servers: &[&RedisServer],
+) {
+    let guard = holder.acquire(key, &LockOptions::new()).await.unwrap();
     let waiter = waiter.clone();
     let waiting = tokio::spawn(async move {
         let patient = LockOptions::new()
             .retry_wait(RETRY_WAIT)
             .timeout(Duration::from_secs(20));
-        waiter.acquire("seat", &patient).await
+        waiter.acquire(key, &patient).await
     });
-    // Long enough for the waiter's first attempt and its subscription.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The waiter's first wait opens its subscriber connection, which takes a while
+    // over TLS and through Sentinel; a release before it listens is not heard.
+    let channel = format!("lock:{{{key}}}:released");
+    let started = Instant::now();
+    while listeners(servers, &channel) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the waiter never listened for releases"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(!waiting.is_finished(), "the waiter got a held lock");
     let released_at = Instant::now();
     guard.release().await.unwrap();
@@ -87,13 +102,29 @@ async fn wakes(holder: &LockClient, waiter: &LockClient) {
     taken.release().await.unwrap();
 }
 
+/// The connections subscribed to `channel` on `servers`, by either kind of pub/sub.
+fn listeners(servers: &[&RedisServer], channel: &str) -> u64 {
+    let count = |server: &RedisServer, kind: &str| {
+        let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg(kind)
+            .arg(channel)
+            .query(&mut server.connection())
+            .expect("PUBSUB");
+        counts[0].1
+    };
+    servers
+        .iter()
+        .map(|server| count(server, "NUMSUB") + count(server, "SHARDNUMSUB"))
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_in_the_url_opens_a_protected_redis() {
     let redis = RedisServer::start_with_password("s3cret", &[]);
     assert!(redis.url().contains(":s3cret@"));
     let first = LockClient::connect(&redis.url()).await.unwrap();
     let second = LockClient::connect(&redis.url()).await.unwrap();
-    exclude_and_wake(&first, &second).await;
+    exclude_and_wake(&first, &second, &[&redis]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,22 +201,27 @@ async fn an_acl_user_with_only_the_needed_commands_does_everything() {
     let url = format!("{}/3", add_lock_user(&redis, ""));
     let first = LockClient::connect(&url).await.unwrap();
     let second = LockClient::connect(&url).await.unwrap();
-    exclude_and_wake(&first, &second).await;
+    exclude_and_wake(&first, &second, &[&redis]).await;
 
-    // Lease renewal (`extend`) and a stale holder's refused release, too.
+    // Lease renewal (`extend`), and a stale holder's release refused.
     let options = LockOptions::new().lease(Duration::from_millis(300));
     let guard = first.acquire("report", &options).await.unwrap();
     guard.extend(Duration::from_secs(10)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(guard.is_held(), "the extended lease ran out");
-    assert!(
-        second
-            .try_acquire("report", &options)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let busy = second.try_acquire("report", &options).await.unwrap();
+    assert!(busy.is_none(), "a second holder got a held lock");
     guard.release().await.unwrap();
+    let stale = first.acquire("audit", &options).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let successor = second.acquire("audit", &options).await.unwrap();
+    let refused = stale.release().await;
+    assert!(
+        matches!(refused, Err(LockError::NotHeld { .. })),
+        "{refused:?}"
+    );
+    assert!(successor.is_held());
+    successor.release().await.unwrap();
 
     let denied = denied(&redis);
     assert!(
@@ -247,7 +283,7 @@ async fn a_cluster_takes_the_acl_user_from_its_urls() {
         .collect();
     let first = LockClient::cluster(&urls).await.unwrap();
     let second = LockClient::cluster(&urls).await.unwrap();
-    exclude_and_wake(&first, &second).await;
+    exclude_and_wake(&first, &second, &cluster.servers.iter().collect::<Vec<_>>()).await;
     for server in &cluster.servers {
         let denied = denied(server);
         assert!(
@@ -273,7 +309,7 @@ async fn tls_with_a_private_ca() {
     let built = LockClient::from_client(redis.client_for(&redis.url()))
         .await
         .unwrap();
-    exclude_and_wake(&configured, &built).await;
+    exclude_and_wake(&configured, &built, &[&redis]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,7 +339,7 @@ async fn a_cluster_over_tls() {
     let second = LockClient::cluster_with(cluster.urls(), trusting(&ca))
         .await
         .unwrap();
-    exclude_and_wake(&first, &second).await;
+    exclude_and_wake(&first, &second, &cluster.servers.iter().collect::<Vec<_>>()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,7 +350,7 @@ async fn sentinel_over_tls() {
     let connect = || LockClient::sentinel_with(group.sentinel_urls(), group.name, trusting(&ca));
     let first = connect().await.unwrap();
     let second = connect().await.unwrap();
-    exclude_and_wake(&first, &second).await;
+    exclude_and_wake(&first, &second, &[&group.primary]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,7 +359,7 @@ async fn from_client_locks_on_the_apps_client() {
     let app_client = redis::Client::open(redis.url()).unwrap();
     let reused = LockClient::from_client(app_client).await.unwrap();
     let other = LockClient::connect(&redis.url()).await.unwrap();
-    exclude_and_wake(&reused, &other).await;
+    exclude_and_wake(&reused, &other, &[&redis]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,5 +391,5 @@ async fn from_connection_manager_locks_over_the_apps_connection() {
         "the lock client opened a connection of its own for commands"
     );
     let other = LockClient::connect(&redis.url()).await.unwrap();
-    exclude_and_wake(&reused, &other).await;
+    exclude_and_wake(&reused, &other, &[&redis]).await;
 }

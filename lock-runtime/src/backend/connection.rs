@@ -35,7 +35,6 @@ pub(crate) enum Target {
     Sentinel {
         sentinels: Vec<String>,
         primary: String,
-        config: ClientConfig,
         client: Arc<tokio::sync::Mutex<SentinelClient>>,
     },
 }
@@ -79,7 +78,6 @@ impl Target {
         Ok(Target::Sentinel {
             sentinels,
             primary: primary.to_owned(),
-            config: config.clone(),
             client: Arc::new(tokio::sync::Mutex::new(client)),
         })
     }
@@ -170,13 +168,9 @@ impl Target {
                 Ok(Connection::Cluster(client.get_async_connection().await?))
             }
             Target::Sentinel {
-                sentinels,
-                primary,
-                config: sentinel_config,
-                ..
+                sentinels, primary, ..
             } => {
-                let sentinel =
-                    sentinel_client(sentinels, primary, ProtocolVersion::RESP3, sentinel_config)?;
+                let sentinel = sentinel_client(sentinels, primary, ProtocolVersion::RESP3, config)?;
                 let (dropped, drops) = tokio::sync::mpsc::unbounded_channel();
                 let pushes = move |push: PushInfo| {
                     if push.kind == PushKind::Disconnection {
@@ -436,14 +430,13 @@ fn sentinel_client(
         .iter()
         .map(|url| Ok(open(url, config)?.get_connection_info().clone()))
         .collect::<RedisResult<Vec<_>>>()?;
-    let first = sentinels.first().cloned();
-    let redis = match &first {
+    let redis = match sentinels.first() {
         Some(info) => info.redis_settings().clone(),
         None => RedisConnectionInfo::default(),
     }
     .set_protocol(protocol);
-    let tls = first.as_ref().and_then(|info| match info.addr() {
-        ConnectionAddr::TcpTls { insecure, .. } if *insecure => Some(TlsMode::Insecure),
+    let tls = sentinels.first().and_then(|info| match info.addr() {
+        ConnectionAddr::TcpTls { insecure: true, .. } => Some(TlsMode::Insecure),
         ConnectionAddr::TcpTls { .. } => Some(TlsMode::Secure),
         _ => None,
     });
