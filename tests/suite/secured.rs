@@ -343,6 +343,22 @@ async fn a_cluster_over_tls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_over_tls() {
+    let ca = Arc::new(TestCa::new());
+    let masters: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with_tls(&ca, &[]))
+        .collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let first = LockClient::redlock_with(&urls, trusting(&ca))
+        .await
+        .unwrap();
+    let second = LockClient::redlock_with(&urls, trusting(&ca))
+        .await
+        .unwrap();
+    exclude_and_wake(&first, &second, &masters.iter().collect::<Vec<_>>()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_over_tls() {
     let ca = Arc::new(TestCa::new());
     let group = SentinelGroup::start_with_tls(Duration::from_secs(1), &ca);
