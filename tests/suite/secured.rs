@@ -1,5 +1,6 @@
 //! Redis as production runs it: a password, an ACL user allowed only what the
-//! library needs, TLS with a private CA, and the application's own `redis::Client`
+//! library needs (on one server and on a Cluster), TLS with a private CA (one
+//! server, a Cluster, Sentinel, Redlock), and the application's own `redis::Client`
 //! or `ConnectionManager`. On each, two clients exclude each other and a release
 //! wakes the other client's waiter at once.
 
@@ -20,6 +21,9 @@ const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
 +zadd +zrem +zrange +zpopmin +zremrangebyscore +hset +hget +hdel \
 +evalsha +script|load \
 +publish +spublish +subscribe +unsubscribe +ssubscribe +sunsubscribe";
+
+/// What the ACL user needs in addition on a Cluster, as the README says.
+const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
 
 const RETRY_WAIT: Duration = Duration::from_secs(5);
 
@@ -154,9 +158,6 @@ async fn a_wrong_or_missing_password_fails_at_connect() {
         );
     }
 }
-
-/// What the ACL user needs in addition on a Cluster, as the README says.
-const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
 
 /// Adds the README's ACL user `locks`, with `rules` besides; returns its URL.
 fn add_lock_user(redis: &RedisServer, rules: &str) -> String {
