@@ -1,5 +1,5 @@
 //! Redis as production runs it: a password, an ACL user allowed only what the
-//! library needs (on one server and on a Cluster), TLS with a private CA (one
+//! library needs (one server, a Cluster, Sentinel), TLS with a private CA (one
 //! server, a Cluster, Sentinel, Redlock), and the application's own `redis::Client`
 //! or `ConnectionManager`. On each, two clients exclude each other and a release
 //! wakes the other client's waiter at once.
@@ -24,6 +24,11 @@ const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
 
 /// What the ACL user needs in addition on a Cluster, as the README says.
 const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
+
+/// What the ACL user needs in addition on a primary and its replicas that Sentinel
+/// watches, and on the Sentinels, as the README says.
+const LOCK_USER_SENTINEL_RULES: &str = "+role";
+const SENTINEL_USER_RULES: &str = "-@all +sentinel|masters +role";
 
 const RETRY_WAIT: Duration = Duration::from_secs(5);
 
@@ -190,10 +195,11 @@ fn the_readme_gives_the_tested_acl_line() {
         "the README's ACL line differs from the tested one:\n{line}"
     );
     let cluster = format!("On a Cluster, add `{LOCK_USER_CLUSTER_RULES}`");
-    assert!(
-        readme.contains(&cluster),
-        "the README does not say `{cluster}`"
-    );
+    let sentinel = format!("Through Sentinel, add `{LOCK_USER_SENTINEL_RULES}`");
+    let sentinels = format!("`ACL SETUSER locks on >CHANGE-ME {SENTINEL_USER_RULES}`");
+    for told in [cluster, sentinel, sentinels] {
+        assert!(readme.contains(&told), "the README does not say {told}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,6 +303,43 @@ async fn a_cluster_takes_the_acl_user_from_its_urls() {
 /// Trusts `ca` alone, instead of the system's roots.
 fn trusting(ca: &TestCa) -> ClientConfig {
     ClientConfig::new().tls_certificates(ca.certificates())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_with_acl_users() {
+    let group = SentinelGroup::start_with_password(Duration::from_secs(1), "admin-pass");
+    for server in [&group.primary, &group.replica] {
+        add_lock_user(server, LOCK_USER_SENTINEL_RULES);
+    }
+    let urls: Vec<String> = group
+        .sentinels
+        .iter()
+        .map(|sentinel| {
+            let () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("locks")
+                .arg("on")
+                .arg(">locks-pass")
+                .arg(SENTINEL_USER_RULES.split_whitespace().collect::<Vec<_>>())
+                .query(&mut sentinel.connection())
+                .expect("ACL SETUSER on a Sentinel");
+            sentinel.url_as("locks", "locks-pass")
+        })
+        .collect();
+    let first = LockClient::sentinel(&urls, group.name).await.unwrap();
+    let second = LockClient::sentinel(&urls, group.name).await.unwrap();
+    exclude_and_wake(&first, &second, &[&group.primary]).await;
+    for server in group
+        .sentinels
+        .iter()
+        .chain([&group.primary, &group.replica])
+    {
+        let denied = denied(server);
+        assert!(
+            denied.is_empty(),
+            "a server or Sentinel refused the library: {denied:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
