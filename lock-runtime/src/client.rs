@@ -21,6 +21,8 @@ pub struct ClientConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
     pub(crate) hand_off: HandOff,
+    #[cfg(feature = "tls")]
+    pub(crate) tls_certificates: Option<redis::TlsCertificates>,
 }
 
 impl Default for ClientConfig {
@@ -32,6 +34,8 @@ impl Default for ClientConfig {
                 most: DEFAULT_HAND_OFFS,
                 within: DEFAULT_HAND_OFF_WINDOW,
             },
+            #[cfg(feature = "tls")]
+            tls_certificates: None,
         }
     }
 }
@@ -70,6 +74,31 @@ impl ClientConfig {
         self.command_timeout = timeout;
         self
     }
+
+    /// For `rediss://` URLs: the CA to trust instead of the system's roots (a private
+    /// CA), and a client certificate when Redis asks for one. Every URL must then be
+    /// `rediss://`. Taken by [`LockClient::connect_with`], `cluster_with`,
+    /// `sentinel_with` and `redlock_with`. On Sentinel, every Sentinel is then reached
+    /// with the user and password of the first URL.
+    ///
+    /// ```no_run
+    /// use lock_runtime::{ClientConfig, LockClient, redis};
+    ///
+    /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+    /// let private_ca = redis::TlsCertificates {
+    ///     client_tls: None,
+    ///     root_cert: Some(std::fs::read("ca.crt")?),
+    /// };
+    /// let config = ClientConfig::new().tls_certificates(private_ca);
+    /// let locks = LockClient::connect_with("rediss://redis.internal:6380", config).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_certificates(mut self, certificates: redis::TlsCertificates) -> Self {
+        self.tls_certificates = Some(certificates);
+        self
+    }
 }
 
 /// A handle on where locks live: one Redis, a Sentinel-watched primary, a Cluster,
@@ -101,22 +130,92 @@ pub fn default_client() -> Result<LockClient, LockError> {
 }
 
 impl LockClient {
-    /// Connects to one Redis at `url` (`redis://127.0.0.1:6379`), reconnecting when the
-    /// connection drops.
+    /// Connects to one Redis at `url`, reconnecting when the connection drops.
+    ///
+    /// The URL is redis-rs' own: `redis://[user][:password]@host[:port][/db]` (an ACL
+    /// user, a password, a database number), `redis+unix:///path/to.sock`, and, with
+    /// this crate's `tls` feature, `rediss://` checked against the system's trusted
+    /// roots ([`ClientConfig::tls_certificates`] names others). For other connection
+    /// info (a `redis::ConnectionInfo`, say), build a [`redis::Client`] and pass it to
+    /// [`from_client`](Self::from_client).
     pub async fn connect(url: &str) -> Result<LockClient, LockError> {
         Self::connect_with(url, ClientConfig::default()).await
     }
 
     /// Like [`connect`](Self::connect), with explicit time bounds.
     pub async fn connect_with(url: &str, config: ClientConfig) -> Result<LockClient, LockError> {
-        let target =
-            Target::server(url).map_err(|source| LockError::Backend { key: None, source })?;
+        let target = Target::server(url, &config)
+            .map_err(|source| LockError::Backend { key: None, source })?;
         Self::connect_to(target, config).await
+    }
+
+    /// Connects to the Redis that the application's `client` names, with whatever it
+    /// carries: credentials, database, TLS settings and certificates. Like
+    /// [`connect`](Self::connect), this opens connections of its own and reconnects.
+    ///
+    /// ```no_run
+    /// use lock_runtime::{LockClient, redis};
+    ///
+    /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = redis::Client::open("redis://locks:secret@10.0.0.7:6379/2")?;
+    /// let locks = LockClient::from_client(redis).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_client(client: redis::Client) -> Result<LockClient, LockError> {
+        Self::from_client_with(client, ClientConfig::default()).await
+    }
+
+    /// Like [`from_client`](Self::from_client), with explicit time bounds.
+    pub async fn from_client_with(
+        client: redis::Client,
+        config: ClientConfig,
+    ) -> Result<LockClient, LockError> {
+        Self::connect_to(Target::client(client), config).await
+    }
+
+    /// Takes locks over the application's own `manager`: lock commands share its
+    /// connection and its reconnection settings.
+    ///
+    /// Waiting stays push-based: release notifications arrive on a RESP3 connection
+    /// of this client's own, opened on first wait from `client`, which must be the
+    /// client the manager was made from. A `ConnectionManager` does not reveal its
+    /// connection info, hence the second argument.
+    ///
+    /// ```no_run
+    /// use lock_runtime::{LockClient, redis};
+    ///
+    /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let manager = redis::aio::ConnectionManager::new(redis.clone()).await?;
+    /// let locks = LockClient::from_connection_manager(manager, redis).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_connection_manager(
+        manager: redis::aio::ConnectionManager,
+        client: redis::Client,
+    ) -> Result<LockClient, LockError> {
+        Self::from_connection_manager_with(manager, client, ClientConfig::default()).await
+    }
+
+    /// Like [`from_connection_manager`](Self::from_connection_manager), with explicit
+    /// time bounds for each lock call and for the subscriber connection; the
+    /// manager's own settings govern its reconnecting.
+    pub async fn from_connection_manager_with(
+        manager: redis::aio::ConnectionManager,
+        client: redis::Client,
+        config: ClientConfig,
+    ) -> Result<LockClient, LockError> {
+        Self::connect_to(Target::manager(manager, client), config).await
     }
 
     /// A Redis Cluster, from the URLs of some of its nodes. Each lock's keys share
     /// one hash slot; releases are published per shard (`SPUBLISH`, Redis 7 or
     /// later). Redirections during resharding are followed.
+    ///
+    /// The URLs carry the user and password (`redis://user:password@host:port`), the
+    /// same on every URL; with the `tls` feature, `rediss://` URLs connect over TLS.
     pub async fn cluster<I>(urls: I) -> Result<LockClient, LockError>
     where
         I: IntoIterator,
@@ -137,6 +236,10 @@ impl LockClient {
     /// The primary that the Sentinels at `sentinel_urls` name for `primary_name`,
     /// followed through failovers. A lock taken on a primary that fails before
     /// replicating it is lost with it: the watchdog reports the loss.
+    ///
+    /// Each Sentinel is reached with the credentials of its URL. The primary is
+    /// reached with the user, password and database of the first URL, and over TLS
+    /// when it is `rediss://` (with the `tls` feature).
     pub async fn sentinel<I>(sentinel_urls: I, primary_name: &str) -> Result<LockClient, LockError>
     where
         I: IntoIterator,
@@ -155,7 +258,7 @@ impl LockClient {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let target = Target::sentinel(owned(sentinel_urls), primary_name)
+        let target = Target::sentinel(owned(sentinel_urls), primary_name, &config)
             .map_err(|source| LockError::Backend { key: None, source })?;
         Self::connect_to(target, config).await
     }

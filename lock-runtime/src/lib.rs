@@ -68,3 +68,6 @@ pub use crate::options::{
     DEFAULT_RETRIES, DEFAULT_RETRY_WAIT, LockOptions, MAX_LEASE, WATCHDOG_LEASE,
 };
 pub use lock_macros::distributed_lock;
+/// The redis-rs this crate is built on, so that a [`redis::Client`] or
+/// `ConnectionManager` given to [`LockClient`] comes from the same version.
+pub use redis;

@@ -14,6 +14,7 @@ mod operator;
 mod outage;
 mod ownership;
 mod redlock;
+mod secured;
 mod sentinel;
 mod waiting;
 

@@ -1,7 +1,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::RedisServer;
+use std::sync::Arc;
+
+use crate::{RedisServer, TestCa};
 
 /// A Redis Cluster of three primaries with a replica each, on loopback ports, made
 /// with `redis-cli --cluster create`. Its servers stop when it is dropped.
@@ -11,9 +13,42 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
+        Self::start_as(None, None)
+    }
+
+    /// Like [`start`](Self::start), with every node requiring `password`.
+    pub fn start_with_password(password: &str) -> RedisCluster {
+        Self::start_as(Some(password), None)
+    }
+
+    /// Like [`start`](Self::start), with every node speaking TLS only (the Cluster
+    /// bus too), with certificates `ca` signed.
+    pub fn start_with_tls(ca: &Arc<TestCa>) -> RedisCluster {
+        Self::start_as(None, Some(ca))
+    }
+
+    fn start_as(password: Option<&str>, tls: Option<&Arc<TestCa>>) -> RedisCluster {
         let config = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
-        let servers: Vec<RedisServer> = (0..6).map(|_| RedisServer::start_with(&config)).collect();
+        let server = || match (password, tls) {
+            (Some(password), _) => RedisServer::start_with_password(password, &config),
+            (None, Some(ca)) => {
+                let config: Vec<&str> = config
+                    .iter()
+                    .chain(&["--tls-cluster", "yes"])
+                    .copied()
+                    .collect();
+                RedisServer::start_with_tls(ca, &config)
+            }
+            (None, None) => RedisServer::start_with(&config),
+        };
+        let servers: Vec<RedisServer> = (0..6).map(|_| server()).collect();
         let mut create = Command::new("redis-cli");
+        if let Some(password) = password {
+            create.arg("--no-auth-warning").arg("-a").arg(password);
+        }
+        if let Some(ca) = tls {
+            create.arg("--tls").arg("--cacert").arg(ca.file("ca.crt"));
+        }
         create.arg("--cluster").arg("create");
         for server in &servers {
             create.arg(format!("127.0.0.1:{}", server.port()));

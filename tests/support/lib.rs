@@ -1,6 +1,6 @@
 //! Test support on real processes: `redis-server`s on free loopback ports (alone, as
-//! a Cluster, or watched by Sentinels), and loopback TCP proxies that stall, cut or
-//! count a client's traffic.
+//! a Cluster, or watched by Sentinels; in the clear, or over TLS with a CA made at
+//! test time), and loopback TCP proxies that stall, cut or count a client's traffic.
 //!
 //! Nothing here talks to a Redis it did not start.
 
@@ -9,9 +9,11 @@ mod counting;
 mod proxy;
 mod sentinel;
 mod server;
+mod tls;
 
 pub use cluster::RedisCluster;
 pub use counting::{CommandCounts, CountingProxy};
 pub use proxy::TcpProxy;
 pub use sentinel::SentinelGroup;
 pub use server::RedisServer;
+pub use tls::TestCa;

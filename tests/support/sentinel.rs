@@ -1,6 +1,8 @@
 use std::time::{Duration, Instant};
 
-use crate::RedisServer;
+use std::sync::Arc;
+
+use crate::{RedisServer, TestCa};
 
 /// A primary, its replica, and three Sentinels watching them, on loopback ports.
 pub struct SentinelGroup {
@@ -13,27 +15,40 @@ pub struct SentinelGroup {
 impl SentinelGroup {
     /// Sentinels declare the primary down after `down_after`.
     pub fn start(down_after: Duration) -> SentinelGroup {
-        Self::start_as(down_after, None)
+        Self::start_as(down_after, None, None)
     }
 
     /// Like [`start`](Self::start), with every server and Sentinel requiring
     /// `password`.
     pub fn start_with_password(down_after: Duration, password: &str) -> SentinelGroup {
-        Self::start_as(down_after, Some(password))
+        Self::start_as(down_after, Some(password), None)
     }
 
-    fn start_as(down_after: Duration, password: Option<&str>) -> SentinelGroup {
+    /// Like [`start`](Self::start), with every server and Sentinel speaking TLS only,
+    /// with certificates `ca` signed.
+    pub fn start_with_tls(down_after: Duration, ca: &Arc<TestCa>) -> SentinelGroup {
+        Self::start_as(down_after, None, Some(ca))
+    }
+
+    fn start_as(
+        down_after: Duration,
+        password: Option<&str>,
+        tls: Option<&Arc<TestCa>>,
+    ) -> SentinelGroup {
         let name = "locks";
-        let server = |args: &[&str]| match password {
-            Some(password) => RedisServer::start_with_password(password, args),
-            None => RedisServer::start_with(args),
+        let server = |args: &[&str]| match (password, tls) {
+            (Some(password), _) => RedisServer::start_with_password(password, args),
+            (None, Some(ca)) => RedisServer::start_with_tls(ca, args),
+            (None, None) => RedisServer::start_with(args),
         };
         let primary = server(&[]);
         let port = primary.port().to_string();
         let replica = server(&["--replicaof", "127.0.0.1", &port]);
         let down_after_ms = down_after.as_millis() as u64;
         let sentinels = (0..3)
-            .map(|_| RedisServer::start_sentinel(name, primary.port(), down_after_ms, password))
+            .map(|_| {
+                RedisServer::start_sentinel(name, primary.port(), down_after_ms, password, tls)
+            })
             .collect();
         let group = SentinelGroup {
             name,

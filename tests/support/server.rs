@@ -1,7 +1,10 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::TestCa;
 
 /// A `redis-server` of its own, on a free loopback port, keeping nothing on disk
 /// unless asked. Killed, and its folder removed, when dropped.
@@ -13,6 +16,8 @@ pub struct RedisServer {
     sentinel_config: Option<String>,
     /// What clients must authenticate with (`requirepass`), if anything.
     password: Option<String>,
+    /// The CA that signed the server's certificate, when it serves TLS only.
+    tls: Option<Arc<TestCa>>,
     child: Option<Child>,
 }
 
@@ -24,24 +29,32 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (`["--appendonly", "yes"]`).
     pub fn start_with(args: &[&str]) -> RedisServer {
-        Self::start_as(None, None, args)
+        Self::start_as(None, None, None, args)
     }
 
     /// Starts a server that requires `password`, and uses it as a replica too.
     pub fn start_with_password(password: &str, args: &[&str]) -> RedisServer {
         let auth = ["--requirepass", password, "--masterauth", password];
         let args: Vec<&str> = auth.iter().chain(args).copied().collect();
-        Self::start_as(None, Some(password), &args)
+        Self::start_as(None, Some(password), None, &args)
+    }
+
+    /// Starts a server that speaks TLS only, with the certificate that `ca` signed
+    /// for `127.0.0.1`. Clients need no certificate of their own.
+    pub fn start_with_tls(ca: &Arc<TestCa>, args: &[&str]) -> RedisServer {
+        Self::start_as(None, None, Some(ca), args)
     }
 
     /// Starts a Sentinel watching the primary `name` at `primary_port`, which it
     /// declares down after `down_after_ms` without an answer. With a password, the
-    /// Sentinel requires it and uses it with the servers and the other Sentinels.
+    /// Sentinel requires it and uses it with the servers and the other Sentinels;
+    /// with a CA, it speaks TLS only, to clients and to them.
     pub fn start_sentinel(
         name: &str,
         primary_port: u16,
         down_after_ms: u64,
         password: Option<&str>,
+        tls: Option<&Arc<TestCa>>,
     ) -> RedisServer {
         let mut config = format!(
             "sentinel monitor {name} 127.0.0.1 {primary_port} 2\n\
@@ -56,12 +69,13 @@ impl RedisServer {
                  sentinel sentinel-pass {password}\n"
             ));
         }
-        Self::start_as(Some(config), password, &[])
+        Self::start_as(Some(config), password, tls, &[])
     }
 
     fn start_as(
         sentinel_config: Option<String>,
         password: Option<&str>,
+        tls: Option<&Arc<TestCa>>,
         args: &[&str],
     ) -> RedisServer {
         // A port free a moment ago may be taken by now (or, on a Cluster, the bus
@@ -71,12 +85,17 @@ impl RedisServer {
             let dir =
                 std::env::temp_dir().join(format!("lock-tests-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create the server's folder");
+            let mut args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+            if let Some(ca) = tls {
+                args.extend(ca.server_args());
+            }
             let mut server = RedisServer {
                 port,
                 dir,
-                args: args.iter().map(|arg| arg.to_string()).collect(),
+                args,
                 sentinel_config: sentinel_config.clone(),
                 password: password.map(str::to_owned),
+                tls: tls.cloned(),
                 child: None,
             };
             if server.launch().is_ok() {
@@ -86,12 +105,44 @@ impl RedisServer {
         panic!("redis-server exited at start on 5 different free ports; run it by hand to see why");
     }
 
-    /// `redis://127.0.0.1:<port>`, with the password when the server has one.
+    /// `redis://127.0.0.1:<port>` (`rediss://` with TLS), with the password when the
+    /// server has one.
     pub fn url(&self) -> String {
         match &self.password {
-            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
-            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(password) => self.url_as("", password),
+            None => format!("{}://127.0.0.1:{}", self.scheme(), self.port),
         }
+    }
+
+    /// The URL for the ACL user `user` (empty for the default user) and `password`.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!(
+            "{}://{user}:{password}@127.0.0.1:{}",
+            self.scheme(),
+            self.port
+        )
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        }
+    }
+
+    /// The CA that signed a TLS server's certificate.
+    pub fn tls_ca(&self) -> Option<&Arc<TestCa>> {
+        self.tls.as_ref()
+    }
+
+    /// A client for `url` that trusts this server's CA when it serves TLS.
+    pub fn client_for(&self, url: &str) -> redis::Client {
+        match &self.tls {
+            Some(ca) => redis::Client::build_with_tls(url, ca.certificates()),
+            None => redis::Client::open(url),
+        }
+        .expect("a valid test URL")
     }
 
     pub fn port(&self) -> u16 {
@@ -130,15 +181,13 @@ impl RedisServer {
         } else {
             command.args(["--save", "", "--appendonly", "no"]);
         }
+        let port = self.port.to_string();
+        match self.tls {
+            Some(_) => command.args(["--port", "0", "--tls-port", &port]),
+            None => command.args(["--port", &port]),
+        };
         command
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--protected-mode",
-                "no",
-            ])
+            .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.args)
@@ -188,8 +237,8 @@ impl RedisServer {
 
     /// A plain blocking connection, for setting up and inspecting state.
     pub fn connection(&self) -> redis::Connection {
-        redis::Client::open(self.url())
-            .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(2)))
+        self.client_for(&self.url())
+            .get_connection_with_timeout(Duration::from_secs(2))
             .expect("connect to the test redis-server")
     }
 
@@ -217,8 +266,9 @@ impl RedisServer {
     fn wait_until_ready(&mut self) -> Result<(), std::process::ExitStatus> {
         let started = Instant::now();
         loop {
-            let ping = redis::Client::open(self.url())
-                .and_then(|client| client.get_connection_with_timeout(Duration::from_millis(200)))
+            let ping = self
+                .client_for(&self.url())
+                .get_connection_with_timeout(Duration::from_millis(200))
                 .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection));
             if ping.is_ok() {
                 return Ok(());

@@ -7,11 +7,13 @@ use redis::aio::{
 };
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+#[cfg(feature = "tls")]
+use redis::sentinel::SentinelClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo, Pipeline,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline,
     ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture, RedisResult,
-    ServerErrorKind, Value,
+    ServerErrorKind, TlsMode, Value,
 };
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -21,7 +23,14 @@ use crate::ClientConfig;
 
 /// Where the locks live, and how to connect there again.
 pub(crate) enum Target {
-    Server(Client),
+    /// One server. `manager` is the application's own connection, used as it is;
+    /// without one, the client's connection info makes ours. Either way the
+    /// subscriber connection is made from `client`, since a `ConnectionManager` does
+    /// not reveal what it connects to.
+    Server {
+        client: Client,
+        manager: Option<ConnectionManager>,
+    },
     Cluster(Vec<String>),
     Sentinel {
         sentinels: Vec<String>,
@@ -38,16 +47,34 @@ pub(crate) enum Connection {
 }
 
 impl Target {
-    pub(crate) fn server(url: &str) -> RedisResult<Target> {
-        Ok(Target::Server(Client::open(url)?))
+    pub(crate) fn server(url: &str, config: &ClientConfig) -> RedisResult<Target> {
+        Ok(Self::client(open(url, config)?))
+    }
+
+    pub(crate) fn client(client: Client) -> Target {
+        Target::Server {
+            client,
+            manager: None,
+        }
+    }
+
+    pub(crate) fn manager(manager: ConnectionManager, client: Client) -> Target {
+        Target::Server {
+            client,
+            manager: Some(manager),
+        }
     }
 
     pub(crate) fn cluster(urls: Vec<String>) -> Target {
         Target::Cluster(urls)
     }
 
-    pub(crate) fn sentinel(sentinels: Vec<String>, primary: &str) -> RedisResult<Target> {
-        let client = sentinel_client(&sentinels, primary, ProtocolVersion::RESP2)?;
+    pub(crate) fn sentinel(
+        sentinels: Vec<String>,
+        primary: &str,
+        config: &ClientConfig,
+    ) -> RedisResult<Target> {
+        let client = sentinel_client(&sentinels, primary, ProtocolVersion::RESP2, config)?;
         Ok(Target::Sentinel {
             sentinels,
             primary: primary.to_owned(),
@@ -60,13 +87,13 @@ impl Target {
     pub(crate) fn publish_command(&self) -> &'static str {
         match self {
             Target::Cluster(_) => "SPUBLISH",
-            Target::Server(_) | Target::Sentinel { .. } => "PUBLISH",
+            Target::Server { .. } | Target::Sentinel { .. } => "PUBLISH",
         }
     }
 
     pub(crate) fn kind(&self) -> &'static str {
         match self {
-            Target::Server(_) => "redis",
+            Target::Server { .. } => "redis",
             Target::Cluster(_) => "cluster",
             Target::Sentinel { .. } => "sentinel",
         }
@@ -74,7 +101,11 @@ impl Target {
 
     pub(crate) async fn connect(&self, config: &ClientConfig) -> RedisResult<Connection> {
         match self {
-            Target::Server(client) => {
+            Target::Server {
+                manager: Some(manager),
+                ..
+            } => Ok(Connection::Server(manager.clone())),
+            Target::Server { client, .. } => {
                 let manager =
                     ConnectionManager::new_with_config(client.clone(), manager_config(config))
                         .await?;
@@ -95,7 +126,11 @@ impl Target {
     /// A connection made on first use, for a Redlock node that may be down now.
     pub(crate) fn connect_lazily(&self, config: &ClientConfig) -> RedisResult<Connection> {
         match self {
-            Target::Server(client) => Ok(Connection::Server(
+            Target::Server {
+                manager: Some(manager),
+                ..
+            } => Ok(Connection::Server(manager.clone())),
+            Target::Server { client, .. } => Ok(Connection::Server(
                 ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))?,
             )),
             Target::Cluster(_) | Target::Sentinel { .. } => Err(RedisError::from((
@@ -118,7 +153,7 @@ impl Target {
             Ok::<(), redis::aio::SendError>(())
         };
         match self {
-            Target::Server(client) => {
+            Target::Server { client, .. } => {
                 let client = resp3(client)?;
                 let manager_config = manager_config(config)
                     .set_push_sender(pushes)
@@ -135,7 +170,7 @@ impl Target {
             Target::Sentinel {
                 sentinels, primary, ..
             } => {
-                let sentinel = sentinel_client(sentinels, primary, ProtocolVersion::RESP3)?;
+                let sentinel = sentinel_client(sentinels, primary, ProtocolVersion::RESP3, config)?;
                 let (dropped, drops) = tokio::sync::mpsc::unbounded_channel();
                 let pushes = move |push: PushInfo| {
                     if push.kind == PushKind::Disconnection {
@@ -357,37 +392,91 @@ fn resp3(client: &Client) -> RedisResult<Client> {
     Client::open(info.set_redis_settings(resp3))
 }
 
+/// A client for `url`, trusting the configured certificates if any.
+fn open(url: &str, config: &ClientConfig) -> RedisResult<Client> {
+    #[cfg(feature = "tls")]
+    if let Some(certificates) = &config.tls_certificates {
+        return Client::build_with_tls(url, certificates.clone());
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = config;
+    Client::open(url)
+}
+
 fn cluster_builder(urls: &[String], config: &ClientConfig) -> ClusterClientBuilder {
-    ClusterClient::builder(urls.to_vec())
+    let builder = ClusterClient::builder(urls.to_vec())
         .connection_timeout(config.connect_timeout)
-        .response_timeout(config.command_timeout)
+        .response_timeout(config.command_timeout);
+    #[cfg(feature = "tls")]
+    if let Some(certificates) = &config.tls_certificates {
+        return builder.certs(certificates.clone());
+    }
+    builder
 }
 
 /// The primary takes the user, password and database of the first Sentinel URL, as
-/// deployments that protect both with one password expect. The Sentinels keep the
-/// credentials of their URLs but not the database, which they do not have.
+/// deployments that protect both with one password expect, and TLS when that URL is
+/// `rediss://`. The Sentinels keep the credentials of their URLs but not the
+/// database, which they do not have; with certificates configured, they take those
+/// of the first URL, since only redis-rs' builder passes certificates on to the
+/// primary.
 fn sentinel_client(
     sentinels: &[String],
     primary: &str,
     protocol: ProtocolVersion,
+    config: &ClientConfig,
 ) -> RedisResult<SentinelClient> {
     let sentinels = sentinels
         .iter()
-        .map(|url| url.as_str().into_connection_info())
+        .map(|url| Ok(open(url, config)?.get_connection_info().clone()))
         .collect::<RedisResult<Vec<_>>>()?;
     let redis = match sentinels.first() {
         Some(info) => info.redis_settings().clone(),
         None => RedisConnectionInfo::default(),
     }
     .set_protocol(protocol);
+    let tls = sentinels.first().and_then(|info| match info.addr() {
+        ConnectionAddr::TcpTls { insecure: true, .. } => Some(TlsMode::Insecure),
+        ConnectionAddr::TcpTls { .. } => Some(TlsMode::Secure),
+        _ => None,
+    });
+    #[cfg(feature = "tls")]
+    if let Some(certificates) = &config.tls_certificates {
+        let mut builder = SentinelClientBuilder::new(
+            sentinels.iter().map(|info| info.addr().clone()),
+            primary,
+            SentinelServerType::Master,
+        )?
+        .set_client_to_redis_protocol(protocol)
+        .set_client_to_redis_db(redis.db())
+        .set_client_to_redis_certificates(certificates.clone());
+        if let Some(tls) = tls {
+            builder = builder.set_client_to_redis_tls_mode(tls);
+        }
+        if let Some(user) = redis.username() {
+            builder = builder
+                .set_client_to_redis_username(user)
+                .set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = redis.password() {
+            builder = builder
+                .set_client_to_redis_password(password)
+                .set_client_to_sentinel_password(password);
+        }
+        return builder.build();
+    }
+    let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
+    if let Some(tls) = tls {
+        node = node.set_tls_mode(tls);
+    }
     let without_db = |info: ConnectionInfo| {
         let settings = info.redis_settings().clone().set_db(0);
         info.set_redis_settings(settings)
     };
-    let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
     SentinelClient::build(
         sentinels.into_iter().map(without_db).collect(),
-        primary.to_owned(),
+        // A `String`: without TLS, redis-rs takes no other type here.
+        String::from(primary),
         Some(node),
         SentinelServerType::Master,
     )

@@ -77,7 +77,7 @@ impl RedisNode {
         signals: Arc<Signals>,
     ) -> Result<Self, LockError> {
         let unreachable = |source| LockError::Backend { key: None, source };
-        let target = Target::server(url).map_err(unreachable)?;
+        let target = Target::server(url, config).map_err(unreachable)?;
         let connection = target.connect_lazily(config).map_err(unreachable)?;
         Ok(Self::with_connection(target, connection, config, signals))
     }

@@ -41,7 +41,7 @@ impl Redlock {
         for (index, url) in urls.iter().enumerate() {
             let (url, config, signals) = (url.clone(), config.clone(), signals.clone());
             connecting.spawn(async move {
-                let connected = match Target::server(&url) {
+                let connected = match Target::server(&url, &config) {
                     Ok(target) => RedisNode::connect(target, &config, signals).await,
                     Err(source) => Err(LockError::Backend { key: None, source }),
                 };

@@ -1,0 +1,467 @@
+//! Redis as production runs it: a password, an ACL user allowed only what the
+//! library needs (one server, a Cluster, Sentinel), TLS with a private CA (one
+//! server, a Cluster, Sentinel, Redlock), and the application's own `redis::Client`
+//! or `ConnectionManager`. On each, two clients exclude each other and a release
+//! wakes the other client's waiter at once.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
+use lock_tests::{RedisCluster, RedisServer, SentinelGroup, TestCa};
+use tokio::time::Instant;
+
+use crate::attribute::Overlap;
+
+/// What the library's ACL user may do, as the README shows it after
+/// `ACL SETUSER locks on >password`: its keys and channels, and its commands.
+const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
++select \
++set +get +del +pexpire +pttl +incr +time \
++zadd +zrem +zrange \
++evalsha +script|load \
++publish +spublish +subscribe +unsubscribe +ssubscribe +sunsubscribe";
+
+/// What the ACL user needs in addition on a Cluster, as the README says.
+const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
+
+/// What the ACL user needs in addition on a primary and its replicas that Sentinel
+/// watches, and on the Sentinels, as the README says.
+const LOCK_USER_SENTINEL_RULES: &str = "+role";
+const SENTINEL_USER_RULES: &str = "-@all +sentinel|masters +role";
+
+const RETRY_WAIT: Duration = Duration::from_secs(5);
+
+/// Workers of both clients take turns on one key with fencing; then each client
+/// in turn waits for a lock the other holds and is woken by its release. `servers`
+/// are where the locks live, to see when a waiter listens.
+async fn exclude_and_wake(first: &LockClient, second: &LockClient, servers: &[&RedisServer]) {
+    let overlap = Arc::new(Overlap::default());
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let options = LockOptions::new()
+        .fencing(true)
+        .retry_wait(Duration::from_millis(20))
+        .timeout(Duration::from_secs(20));
+    let workers: Vec<_> = [first, second, first, second]
+        .into_iter()
+        .map(|client| {
+            let (client, options) = (client.clone(), options.clone());
+            let (overlap, tokens) = (overlap.clone(), tokens.clone());
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    let guard = client.acquire("ledger", &options).await.unwrap();
+                    tokens.lock().unwrap().push(guard.fencing_token().unwrap());
+                    overlap.section(Duration::from_millis(2)).await;
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    assert_eq!(overlap.most(), 1, "two holders were inside at once");
+    let tokens = tokens.lock().unwrap().clone();
+    assert_eq!(tokens.len(), 40);
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "fencing tokens out of order: {tokens:?}"
+    );
+
+    wakes(first, second, "seat-1", servers).await;
+    wakes(second, first, "seat-2", servers).await;
+}
+
+/// `waiter` waits for the lock on `key` that `holder` holds, and gets it well before
+/// its pause between attempts would have ended: it was woken, not polling.
+async fn wakes(
+    holder: &LockClient,
+    waiter: &LockClient,
+    key: &'static str,
+    servers: &[&RedisServer],
+) {
+    let guard = holder.acquire(key, &LockOptions::new()).await.unwrap();
+    let waiter = waiter.clone();
+    let waiting = tokio::spawn(async move {
+        let patient = LockOptions::new()
+            .retry_wait(RETRY_WAIT)
+            .timeout(Duration::from_secs(20));
+        waiter.acquire(key, &patient).await
+    });
+    // The waiter's first wait opens its subscriber connection, which takes a while
+    // over TLS and through Sentinel: measure from when it listens for its turn.
+    let channels = format!("lock:{{{key}}}:*");
+    let started = Instant::now();
+    while listeners(servers, &channels) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the waiter never listened for releases"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!waiting.is_finished(), "the waiter got a held lock");
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let taken = waiting.await.unwrap().expect("the waiter gets the lock");
+    let handed_over = released_at.elapsed();
+    assert!(
+        handed_over < RETRY_WAIT / 10,
+        "the waiter polled instead of being woken: {handed_over:?}"
+    );
+    taken.release().await.unwrap();
+}
+
+/// The channels matching `pattern` that some connection listens on, on `servers`,
+/// by either kind of pub/sub.
+fn listeners(servers: &[&RedisServer], pattern: &str) -> usize {
+    let count = |server: &RedisServer, kind: &str| {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg(kind)
+            .arg(pattern)
+            .query(&mut server.connection())
+            .expect("PUBSUB");
+        channels.len()
+    };
+    servers
+        .iter()
+        .map(|server| count(server, "CHANNELS") + count(server, "SHARDCHANNELS"))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_the_url_opens_a_protected_redis() {
+    let redis = RedisServer::start_with_password("s3cret", &[]);
+    assert!(redis.url().contains(":s3cret@"));
+    let first = LockClient::connect(&redis.url()).await.unwrap();
+    let second = LockClient::connect(&redis.url()).await.unwrap();
+    exclude_and_wake(&first, &second, &[&redis]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_or_missing_password_fails_at_connect() {
+    let redis = RedisServer::start_with_password("s3cret", &[]);
+    for url in [
+        redis.url_as("", "wrong"),
+        format!("redis://127.0.0.1:{}", redis.port()),
+    ] {
+        let started = Instant::now();
+        let refused = LockClient::connect(&url).await;
+        let took = started.elapsed();
+        let Err(LockError::Backend {
+            key: None, source, ..
+        }) = &refused
+        else {
+            panic!("{url}: expected a backend error, got {refused:?}");
+        };
+        assert!(
+            took < Duration::from_secs(3),
+            "{url}: refused only after {took:?}"
+        );
+        let message = source.to_string();
+        let named = ["auth", "noauth", "wrongpass", "password"]
+            .iter()
+            .any(|word| message.to_lowercase().contains(word));
+        assert!(
+            named,
+            "{url}: the error does not say authentication failed: {refused:?}"
+        );
+    }
+}
+
+/// Adds the README's ACL user `locks`, with `rules` besides; returns its URL.
+fn add_lock_user(redis: &RedisServer, rules: &str) -> String {
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("locks")
+        .arg("on")
+        .arg(">locks-pass")
+        .arg(LOCK_USER_RULES.split_whitespace().collect::<Vec<_>>())
+        .arg(rules.split_whitespace().collect::<Vec<_>>())
+        .query(&mut redis.connection())
+        .expect("ACL SETUSER with the README's rules");
+    redis.url_as("locks", "locks-pass")
+}
+
+/// The commands, keys and channels the server refused to anyone since it started,
+/// but for `CONFIG GET`: the client's check of the eviction policy may be refused.
+fn denied(redis: &RedisServer) -> Vec<redis::Value> {
+    let log: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query(&mut redis.connection())
+        .expect("ACL LOG");
+    let config_get = redis::Value::BulkString(b"config|get".to_vec());
+    log.into_iter()
+        .filter(
+            |entry| !matches!(entry, redis::Value::Array(fields) if fields.contains(&config_get)),
+        )
+        .collect()
+}
+
+#[test]
+fn the_readme_gives_the_tested_acl_line() {
+    let readme = include_str!("../../README.md");
+    let line = format!("ACL SETUSER locks on >CHANGE-ME {LOCK_USER_RULES}");
+    assert!(
+        readme.contains(&line),
+        "the README's ACL line differs from the tested one:\n{line}"
+    );
+    let cluster = format!("On a Cluster, add `{LOCK_USER_CLUSTER_RULES}`");
+    let sentinel = format!("Through Sentinel, add `{LOCK_USER_SENTINEL_RULES}`");
+    let sentinels = format!("`ACL SETUSER locks on >CHANGE-ME {SENTINEL_USER_RULES}`");
+    for told in [cluster, sentinel, sentinels] {
+        assert!(readme.contains(&told), "the README does not say {told}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_with_only_the_needed_commands_does_everything() {
+    let redis = RedisServer::start_with_password("admin-pass", &[]);
+    let url = format!("{}/3", add_lock_user(&redis, ""));
+    let first = LockClient::connect(&url).await.unwrap();
+    let second = LockClient::connect(&url).await.unwrap();
+    exclude_and_wake(&first, &second, &[&redis]).await;
+
+    // Lease renewal (`extend`), and a stale holder's release refused.
+    let options = LockOptions::new().lease(Duration::from_millis(300));
+    let guard = first.acquire("report", &options).await.unwrap();
+    guard.extend(Duration::from_secs(10)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(guard.is_held(), "the extended lease ran out");
+    let busy = second.try_acquire("report", &options).await.unwrap();
+    assert!(busy.is_none(), "a second holder got a held lock");
+    guard.release().await.unwrap();
+    let stale = first.acquire("audit", &options).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let successor = second.acquire("audit", &options).await.unwrap();
+    let refused = stale.release().await;
+    assert!(
+        matches!(refused, Err(LockError::NotHeld { .. })),
+        "{refused:?}"
+    );
+    assert!(successor.is_held());
+    successor.release().await.unwrap();
+
+    let denied = denied(&redis);
+    assert!(
+        denied.is_empty(),
+        "the library used commands, keys or channels the README's ACL line does not allow: {denied:?}"
+    );
+    let mut admin = redis.connection();
+    // The locks live in the URL's database, and the user is limited as meant.
+    let fence_in = |db: i64, admin: &mut redis::Connection| -> Option<u64> {
+        let () = redis::cmd("SELECT").arg(db).query(admin).unwrap();
+        redis::cmd("GET")
+            .arg("lock:{ledger}:fence")
+            .query(admin)
+            .unwrap()
+    };
+    assert!(
+        fence_in(3, &mut admin).is_some(),
+        "no fencing counter in database 3"
+    );
+    assert_eq!(
+        fence_in(0, &mut admin),
+        None,
+        "a fencing counter in database 0"
+    );
+    let mut user = redis.client_for(&url).get_connection().unwrap();
+    let outside = redis::cmd("GET")
+        .arg("orders")
+        .query::<Option<String>>(&mut user);
+    assert!(outside.is_err(), "the ACL user reads keys outside `lock:*`");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_missing_a_command_fails_at_connect() {
+    let redis = RedisServer::start_with_password("admin-pass", &[]);
+    let url = add_lock_user(&redis, "");
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("locks")
+        .arg("-script|load")
+        .query(&mut redis.connection())
+        .unwrap();
+    let refused = LockClient::connect(&url).await;
+    let error = refused.expect_err("connected without SCRIPT LOAD");
+    let message = std::error::Error::source(&error)
+        .expect("the Redis error is the source")
+        .to_string();
+    assert!(
+        message.contains("no permissions") && message.contains("script|load"),
+        "the error does not name the missing permission: {message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_takes_the_acl_user_from_its_urls() {
+    let cluster = RedisCluster::start_with_password("admin-pass");
+    let urls: Vec<String> = cluster
+        .servers
+        .iter()
+        .map(|server| add_lock_user(server, LOCK_USER_CLUSTER_RULES))
+        .collect();
+    let first = LockClient::cluster(&urls).await.unwrap();
+    let second = LockClient::cluster(&urls).await.unwrap();
+    exclude_and_wake(&first, &second, &cluster.servers.iter().collect::<Vec<_>>()).await;
+    for server in &cluster.servers {
+        let denied = denied(server);
+        assert!(
+            denied.is_empty(),
+            "a Cluster node refused the library: {denied:?}"
+        );
+    }
+}
+
+/// Trusts `ca` alone, instead of the system's roots.
+fn trusting(ca: &TestCa) -> ClientConfig {
+    ClientConfig::new().tls_certificates(ca.certificates())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_with_acl_users() {
+    let group = SentinelGroup::start_with_password(Duration::from_secs(1), "admin-pass");
+    for server in [&group.primary, &group.replica] {
+        add_lock_user(server, LOCK_USER_SENTINEL_RULES);
+    }
+    let urls: Vec<String> = group
+        .sentinels
+        .iter()
+        .map(|sentinel| {
+            let () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("locks")
+                .arg("on")
+                .arg(">locks-pass")
+                .arg(SENTINEL_USER_RULES.split_whitespace().collect::<Vec<_>>())
+                .query(&mut sentinel.connection())
+                .expect("ACL SETUSER on a Sentinel");
+            sentinel.url_as("locks", "locks-pass")
+        })
+        .collect();
+    let first = LockClient::sentinel(&urls, group.name).await.unwrap();
+    let second = LockClient::sentinel(&urls, group.name).await.unwrap();
+    exclude_and_wake(&first, &second, &[&group.primary]).await;
+    for server in group
+        .sentinels
+        .iter()
+        .chain([&group.primary, &group.replica])
+    {
+        let denied = denied(server);
+        assert!(
+            denied.is_empty(),
+            "a server or Sentinel refused the library: {denied:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca() {
+    let ca = Arc::new(TestCa::new());
+    let redis = RedisServer::start_with_tls(&ca, &[]);
+    assert!(redis.url().starts_with("rediss://"));
+    let configured = LockClient::connect_with(&redis.url(), trusting(&ca))
+        .await
+        .unwrap();
+    let built = LockClient::from_client(redis.client_for(&redis.url()))
+        .await
+        .unwrap();
+    exclude_and_wake(&configured, &built, &[&redis]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_refuses_a_server_it_does_not_trust() {
+    let redis = RedisServer::start_with_tls(&Arc::new(TestCa::new()), &[]);
+    let another_ca = TestCa::new();
+    // `connect` trusts the system's roots, which do not hold the test CA.
+    for config in [ClientConfig::new(), trusting(&another_ca)] {
+        let started = Instant::now();
+        let refused = LockClient::connect_with(&redis.url(), config).await;
+        assert!(
+            matches!(refused, Err(LockError::Backend { .. })),
+            "connected to an untrusted server: {refused:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls() {
+    let ca = Arc::new(TestCa::new());
+    let cluster = RedisCluster::start_with_tls(&ca);
+    assert!(cluster.urls()[0].starts_with("rediss://"));
+    let first = LockClient::cluster_with(cluster.urls(), trusting(&ca))
+        .await
+        .unwrap();
+    let second = LockClient::cluster_with(cluster.urls(), trusting(&ca))
+        .await
+        .unwrap();
+    exclude_and_wake(&first, &second, &cluster.servers.iter().collect::<Vec<_>>()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_over_tls() {
+    let ca = Arc::new(TestCa::new());
+    let masters: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with_tls(&ca, &[]))
+        .collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let first = LockClient::redlock_with(&urls, trusting(&ca))
+        .await
+        .unwrap();
+    let second = LockClient::redlock_with(&urls, trusting(&ca))
+        .await
+        .unwrap();
+    exclude_and_wake(&first, &second, &masters.iter().collect::<Vec<_>>()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls() {
+    let ca = Arc::new(TestCa::new());
+    let group = SentinelGroup::start_with_tls(Duration::from_secs(1), &ca);
+    assert!(group.sentinel_urls()[0].starts_with("rediss://"));
+    let connect = || LockClient::sentinel_with(group.sentinel_urls(), group.name, trusting(&ca));
+    let first = connect().await.unwrap();
+    let second = connect().await.unwrap();
+    exclude_and_wake(&first, &second, &[&group.primary]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_client_locks_on_the_apps_client() {
+    let redis = RedisServer::start_with_password("s3cret", &[]);
+    let app_client = redis::Client::open(redis.url()).unwrap();
+    let reused = LockClient::from_client(app_client).await.unwrap();
+    let other = LockClient::connect(&redis.url()).await.unwrap();
+    exclude_and_wake(&reused, &other, &[&redis]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_connection_manager_locks_over_the_apps_connection() {
+    let redis = RedisServer::start_with_password("s3cret", &[]);
+    let mut admin = redis.connection();
+    let mut connections = || {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut admin).unwrap();
+        list.lines().count()
+    };
+    let app_client = redis::Client::open(redis.url()).unwrap();
+    let manager = redis::aio::ConnectionManager::new(app_client.clone())
+        .await
+        .unwrap();
+    let before = connections();
+    let reused = LockClient::from_connection_manager(manager, app_client)
+        .await
+        .unwrap();
+    assert!(
+        reused
+            .try_acquire("probe", &LockOptions::new())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        connections(),
+        before,
+        "the lock client opened a connection of its own for commands"
+    );
+    let other = LockClient::connect(&redis.url()).await.unwrap();
+    exclude_and_wake(&reused, &other, &[&redis]).await;
+}
