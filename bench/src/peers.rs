@@ -29,6 +29,41 @@ end
 return 0
 ";
 
+/// lock-runtime's Redis scripts, built as its backend builds them, so that the
+/// counting pass can tell its calls apart by SHA1.
+static LIBRARY_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../lock-runtime/src/backend/scripts/queue.lua"),
+        include_str!("../../lock-runtime/src/backend/scripts/acquire.lua")
+    ))
+});
+static LIBRARY_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../../lock-runtime/src/backend/scripts/queue.lua"),
+        include_str!("../../lock-runtime/src/backend/scripts/release.lua")
+    ))
+});
+static COMPARE_AND_DELETE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(COMPARE_AND_DELETE));
+
+/// The SHA1 of lock-runtime's release script.
+pub(crate) fn library_release_sha1() -> &'static str {
+    LIBRARY_RELEASE.get_hash()
+}
+
+/// What a script the bench knows does, by its SHA1: lock-runtime's acquire and
+/// release, and the raw protocol's compare-and-delete.
+pub(crate) fn script_name(sha1: &str) -> Option<&'static str> {
+    [
+        (&*LIBRARY_ACQUIRE, "acquire script"),
+        (&*LIBRARY_RELEASE, "release script"),
+        (&*COMPARE_AND_DELETE_SCRIPT, "compare-and-delete"),
+    ]
+    .into_iter()
+    .find(|(script, _)| script.get_hash().eq_ignore_ascii_case(sha1))
+    .map(|(_, name)| name)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PeerKind {
     Library,
@@ -129,7 +164,7 @@ impl Peer {
                     .map_err(|e| e.to_string())?;
                 Ok(Peer::Raw {
                     connection,
-                    release: Script::new(COMPARE_AND_DELETE),
+                    release: COMPARE_AND_DELETE_SCRIPT.clone(),
                     retry: raw_retry,
                 })
             }

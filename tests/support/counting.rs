@@ -18,10 +18,13 @@ pub struct CountingProxy {
 }
 
 /// Top-level commands by upper-case name; container commands carry their
-/// subcommand (`CLIENT SETINFO`, `SCRIPT LOAD`).
+/// subcommand (`CLIENT SETINFO`, `SCRIPT LOAD`). `EVALSHA` calls are also counted
+/// by the script they run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommandCounts {
     by_name: BTreeMap<String, u64>,
+    /// `EVALSHA` and `EVALSHA_RO` calls by the script's SHA1, in lower case.
+    by_script: BTreeMap<String, u64>,
 }
 
 impl CommandCounts {
@@ -48,14 +51,36 @@ impl CommandCounts {
             .map(|(name, count)| (name.as_str(), *count))
     }
 
+    /// `EVALSHA` (and `EVALSHA_RO`) calls of the script whose SHA1 is `sha1`, as
+    /// `redis::Script::get_hash` gives it.
+    pub fn script(&self, sha1: &str) -> u64 {
+        self.by_script
+            .get(&sha1.to_ascii_lowercase())
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// `EVALSHA` calls by the script's SHA1.
+    pub fn scripts(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.by_script
+            .iter()
+            .map(|(sha1, count)| (sha1.as_str(), *count))
+    }
+
     pub fn add(&mut self, other: &CommandCounts) {
         for (name, count) in other.iter() {
             *self.by_name.entry(name.to_owned()).or_default() += count;
         }
+        for (sha1, count) in other.scripts() {
+            *self.by_script.entry(sha1.to_owned()).or_default() += count;
+        }
     }
 
-    fn record(&mut self, name: String) {
-        *self.by_name.entry(name).or_default() += 1;
+    fn record(&mut self, request: Request) {
+        *self.by_name.entry(request.name).or_default() += 1;
+        if let Some(sha1) = request.script {
+            *self.by_script.entry(sha1).or_default() += 1;
+        }
     }
 }
 
@@ -134,11 +159,11 @@ async fn count_requests(
         if to.write_all(&buffer[..n]).await.is_err() {
             return;
         }
-        let names = parser.feed(&buffer[..n]);
-        if !names.is_empty() {
+        let requests = parser.feed(&buffer[..n]);
+        if !requests.is_empty() {
             let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
-            for name in names {
-                counts.record(name);
+            for request in requests {
+                counts.record(request);
             }
         }
     }
@@ -159,37 +184,48 @@ pub(crate) struct RequestParser {
     lost: bool,
 }
 
+/// One request: its name as [`CommandCounts`] counts it, and for `EVALSHA` the
+/// script's SHA1.
+#[derive(Debug)]
+pub(crate) struct Request {
+    name: String,
+    script: Option<String>,
+}
+
 enum Parsed {
-    Request { name: Option<String>, used: usize },
+    Request {
+        request: Option<Request>,
+        used: usize,
+    },
     Incomplete,
     Garbled,
 }
 
 impl RequestParser {
-    /// The names of the requests completed by `bytes`, in order.
-    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
+    /// The requests completed by `bytes`, in order.
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<Request> {
         if self.lost {
             return Vec::new();
         }
         self.pending.extend_from_slice(bytes);
-        let mut names = Vec::new();
+        let mut requests = Vec::new();
         let mut start = 0;
         loop {
             match parse_request(&self.pending[start..]) {
-                Parsed::Request { name, used } => {
-                    names.extend(name);
+                Parsed::Request { request, used } => {
+                    requests.extend(request);
                     start += used;
                 }
                 Parsed::Incomplete => break,
                 Parsed::Garbled => {
                     self.lost = true;
                     self.pending.clear();
-                    return names;
+                    return requests;
                 }
             }
         }
         self.pending.drain(..start);
-        names
+        requests
     }
 }
 
@@ -208,7 +244,7 @@ fn parse_array(bytes: &[u8]) -> Parsed {
     let Ok(count) = usize::try_from(count) else {
         // `*-1`: a null array, nothing to run.
         return Parsed::Request {
-            name: None,
+            request: None,
             used: at,
         };
     };
@@ -238,7 +274,7 @@ fn parse_array(bytes: &[u8]) -> Parsed {
         at = end + 2;
     }
     Parsed::Request {
-        name: command_name(&words),
+        request: request(&words),
         used: at,
     }
 }
@@ -254,7 +290,7 @@ fn parse_inline(bytes: &[u8]) -> Parsed {
         .take(2)
         .collect();
     Parsed::Request {
-        name: command_name(&words),
+        request: request(&words),
         used: newline + 1,
     }
 }
@@ -277,20 +313,29 @@ fn incomplete_or_garbled(bytes: &[u8]) -> Parsed {
     }
 }
 
-fn command_name(words: &[&[u8]]) -> Option<String> {
+/// From a request's first two words.
+fn request(words: &[&[u8]]) -> Option<Request> {
     let first = String::from_utf8_lossy(words.first()?).to_ascii_uppercase();
-    match words.get(1) {
-        Some(second) if CONTAINERS.contains(&first.as_str()) => Some(format!(
-            "{first} {}",
-            String::from_utf8_lossy(second).to_ascii_uppercase()
-        )),
-        _ => Some(first),
-    }
+    let second = words.get(1).map(|word| String::from_utf8_lossy(word));
+    Some(match second {
+        Some(second) if CONTAINERS.contains(&first.as_str()) => Request {
+            name: format!("{first} {}", second.to_ascii_uppercase()),
+            script: None,
+        },
+        Some(sha1) if first == "EVALSHA" || first == "EVALSHA_RO" => Request {
+            name: first,
+            script: Some(sha1.to_ascii_lowercase()),
+        },
+        _ => Request {
+            name: first,
+            script: None,
+        },
+    })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::RequestParser;
+    use super::{CommandCounts, RequestParser};
 
     #[test]
     fn counts_arrays_split_anywhere_and_inline_commands() {
@@ -298,14 +343,30 @@ mod tests {
             *2\r\n$6\r\nclient\r\n$7\r\nsetinfo\r\nPING\r\n\r\n*1\r\n$4\r\nEXEC\r\n";
         for split in 0..stream.len() {
             let mut parser = RequestParser::default();
-            let mut names = parser.feed(&stream[..split]);
-            names.extend(parser.feed(&stream[split..]));
+            let mut requests = parser.feed(&stream[..split]);
+            requests.extend(parser.feed(&stream[split..]));
+            let names: Vec<&str> = requests.iter().map(|r| r.name.as_str()).collect();
             assert_eq!(
                 names,
                 ["SET", "CLIENT SETINFO", "PING", "EXEC"],
                 "split at {split}"
             );
         }
+    }
+
+    #[test]
+    fn counts_evalsha_by_script() {
+        let mut parser = RequestParser::default();
+        let mut counts = CommandCounts::default();
+        let stream: &[u8] = b"*3\r\n$7\r\nevalsha\r\n$3\r\nABC\r\n$1\r\n0\r\n\
+            EVALSHA abc 0\r\n*3\r\n$7\r\nEVALSHA\r\n$3\r\ndef\r\n$1\r\n0\r\n\
+            *3\r\n$4\r\nEVAL\r\n$3\r\nabc\r\n$1\r\n0\r\n";
+        for request in parser.feed(stream) {
+            counts.record(request);
+        }
+        assert_eq!((counts.get("EVALSHA"), counts.get("EVAL")), (3, 1));
+        assert_eq!((counts.script("abc"), counts.script("ABC")), (2, 2));
+        assert_eq!((counts.script("def"), counts.script("0")), (1, 0));
     }
 
     #[test]
