@@ -2,10 +2,12 @@
 //! it as `lock_runtime::distributed_lock` and holds everything the generated code
 //! calls; the attribute's docs list every option.
 //!
-//! The crate reads as parse (`attr`), validate (`valid`), expand (`expand`).
+//! The crate reads as parse (`attr` for the options, `item` for the fn), validate
+//! (`valid`), expand (`expand`).
 
 mod attr;
 mod expand;
+mod item;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -291,6 +293,7 @@ fn distributed_lock_inner(
             "`#[distributed_lock]` goes on an `async fn` with a body",
         )
     })?;
-    valid::check(&options, &function.sig)?;
-    Ok(expand::expand(&options, function))
+    let function = item::Function::parse(function)?;
+    let returns = valid::check(&options, &function)?;
+    Ok(expand::expand(&options, function, &returns))
 }
