@@ -71,8 +71,8 @@ use syn::ItemFn;
 /// # Options
 ///
 /// Each option is given at most once, as `name = value` (`keys` also as `keys(..)`),
-/// separated by commas. Times
-/// (`*_ms`) are whole milliseconds, at least 1, written without a suffix.
+/// separated by commas. Times (`*_ms`) are whole milliseconds, at least 1, written
+/// without a suffix.
 ///
 /// ## `prefix = "name"`
 ///
