@@ -41,14 +41,25 @@ impl Orders for Shop {
     }
 }
 
-/// A `?Send` trait, whose futures need not be `Send`.
+/// A `?Send` trait, whose futures need not be `Send`, with a locked default method.
 #[async_trait(?Send)]
 trait Local {
+    fn locks(&self) -> &LockClient;
+
     async fn count(&self, by: u32) -> Result<u32, LockError>;
+
+    #[distributed_lock(client = "self.locks()", keys(by), guard = lock)]
+    async fn by_default(&self, by: u32) -> Result<String, LockError> {
+        Ok(lock.key().to_owned())
+    }
 }
 
 #[async_trait(?Send)]
 impl Local for Shop {
+    fn locks(&self) -> &LockClient {
+        &self.locks
+    }
+
     #[distributed_lock(client = "self.locks", keys(by))]
     async fn count(&self, by: u32) -> Result<u32, LockError> {
         Ok(self.shard + by)
@@ -65,6 +76,10 @@ async fn main() {
     assert_eq!(shop.split((1, 2)).await.unwrap(), "pair:3:1:2 3");
     shop.touch().await.unwrap();
     assert_eq!(shop.count(1).await.unwrap(), 5);
+    assert_eq!(
+        shop.by_default(2).await.unwrap(),
+        concat!(module_path!(), "::by_default:2")
+    );
 
     let held = shop
         .locks

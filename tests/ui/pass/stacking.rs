@@ -27,6 +27,12 @@ async fn traced_response(locks: &LockClient, id: u64) -> impl IntoResponse {
     id.to_string()
 }
 
+#[distributed_lock(client = "locks", keys(id))]
+#[tracing::instrument(skip(locks))]
+async fn traced_response_inside(locks: &LockClient, id: u64) -> impl IntoResponse {
+    id.to_string()
+}
+
 #[axum::debug_handler]
 #[distributed_lock(client = "app.locks", keys(id))]
 async fn checked_outside(
@@ -69,6 +75,7 @@ async fn main() {
     assert_eq!(traced_outside(&locks, 1).await.unwrap(), 1);
     assert_eq!(traced_inside(&locks, 2).await.unwrap(), 2);
     let _ = traced_response(&locks, 3).await.into_response();
+    let _ = traced_response_inside(&locks, 4).await.into_response();
     let app = App { locks };
     let _: axum::Router = axum::Router::new()
         .route("/a/{id}", axum::routing::post(checked_outside))
