@@ -225,8 +225,8 @@ mod on_axum {
     async fn a_handler_returning_a_response_holds_the_lock_across_two_clients() {
         let redis = RedisServer::start();
         let (first, second) = two_shops(&redis).await;
-        let bases = [serve(first.clone()).await, serve(second.clone()).await];
-        let bases = [bases[0].as_str(), bases[1].as_str()];
+        let servers = [serve(first.clone()).await, serve(second.clone()).await];
+        let bases = [servers[0].as_str(), servers[1].as_str()];
         assert_eq!(order_all(&bases, "/responses", &[42; 8]).await, [200; 8]);
         assert_eq!(
             first.overlap.most(),
