@@ -27,6 +27,9 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
     };
     let private = quote!(#krate::__private);
 
+    let output_ends = ends(&function.output);
+    // Located at the return type, where a build without the `axum` feature reports it.
+    let into_response = respan(quote!(#private::axum::into_response), output_ends.0);
     // The one place the return type meets its bound, spanned over the return type so
     // that a type that cannot carry a lock error is reported there, once.
     let conversion = match returns {
@@ -40,11 +43,8 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
             quote!(#open #ty #rest)
         }
         Returns::IntoResponse => {
-            let ty = function.output.as_ref().map(ToTokens::to_token_stream);
-            let (first, last) = ends(&ty);
-            let path = respan(quote!(#private::into_response::), first);
-            let argument = respan(quote!(<#private::LockError>), last);
-            quote!(#path #argument)
+            let argument = respan(quote!(::<#private::LockError>), output_ends.1);
+            quote!(#into_response #argument)
         }
     };
     let or_return = |fallible: TokenStream| {
@@ -177,7 +177,7 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
             }
         },
         Returns::IntoResponse => quote! {
-            async move { #private::into_response(async move { #(#stmts)* }.await) }
+            async move { #into_response(async move { #(#stmts)* }.await) }
         },
     };
 

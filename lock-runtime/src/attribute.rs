@@ -37,9 +37,9 @@ impl<T, E: From<LockError>> CarriesLockError for Result<T, E> {
 }
 
 #[cfg(feature = "axum")]
-impl CarriesLockError for axum::response::Response {
+impl CarriesLockError for ::axum::response::Response {
     fn from_lock_error(error: LockError) -> Self {
-        axum::response::IntoResponse::into_response(error)
+        ::axum::response::IntoResponse::into_response(error)
     }
 }
 
@@ -50,11 +50,18 @@ impl CarriesLockError for actix_web::HttpResponse {
     }
 }
 
-/// For a fn returning `impl IntoResponse`: its body's value and the lock error both
-/// become a `Response`, one type that the opaque return can stand for.
+/// For a fn returning `impl IntoResponse`. Without the `axum` feature, the build fails
+/// to find this module, at the fn's return type.
 #[cfg(feature = "axum")]
-pub fn into_response<T: axum::response::IntoResponse>(value: T) -> axum::response::Response {
-    value.into_response()
+pub mod axum {
+    /// The body's value and the lock error both become a `Response`, one type that
+    /// the opaque return can stand for.
+    pub fn into_response<T>(value: T) -> ::axum::response::Response
+    where
+        T: ::axum::response::IntoResponse,
+    {
+        value.into_response()
+    }
 }
 
 /// Runs the body inside `guard`'s hold, then releases the lock. The body's result
