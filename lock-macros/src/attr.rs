@@ -6,7 +6,8 @@ use proc_macro2::TokenStream;
 use quote::{ToTokens, quote};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
-use syn::{Expr, ExprLit, ExprUnary, Ident, Lit, LitInt, LitStr, Path, Token, UnOp};
+use syn::punctuated::Punctuated;
+use syn::{Expr, ExprLit, ExprUnary, Ident, Lit, LitInt, LitStr, Path, Token, UnOp, token};
 
 mod kw {
     syn::custom_keyword!(prefix);
@@ -61,7 +62,8 @@ pub(crate) enum OnLost {
 #[derive(Default)]
 pub(crate) struct Options {
     pub(crate) prefix: Option<Setting<LitStr>>,
-    pub(crate) keys: Option<Setting<Vec<Embedded<Expr>>>>,
+    /// Each key expression; parsed from a string, its tokens carry the string's span.
+    pub(crate) keys: Option<Setting<Vec<Expr>>>,
     pub(crate) spin: Option<Setting<bool>>,
     pub(crate) retries: Option<Setting<u32>>,
     pub(crate) wait_ms: Option<Setting<u64>>,
@@ -84,6 +86,8 @@ impl Parse for Options {
             let lookahead = input.lookahead1();
             if lookahead.peek(kw::prefix) {
                 set::<kw::prefix, _>(input, &mut options.prefix, prefix)?;
+            } else if lookahead.peek(kw::keys) && input.peek2(token::Paren) {
+                key_exprs(input, &mut options.keys)?;
             } else if lookahead.peek(kw::keys) {
                 set::<kw::keys, _>(input, &mut options.keys, keys)?;
             } else if lookahead.peek(kw::spin) {
@@ -140,20 +144,48 @@ fn set<K, T>(
 where
     K: Parse + ToTokens,
 {
-    let keyword: K = input.parse()?;
+    let keyword: K = first_keyword(input, slot.is_some())?;
     let name = keyword.to_token_stream().to_string();
-    if slot.is_some() {
-        return Err(syn::Error::new_spanned(
-            keyword,
-            format!("duplicate `{name}` option"),
-        ));
-    }
     let eq: Token![=] = input.parse()?;
     let expr: Expr = input.parse()?;
     let value = convert(&name, &expr)?;
     *slot = Some(Setting {
         value,
         tokens: quote!(#keyword #eq #expr),
+    });
+    Ok(())
+}
+
+/// The option's name, refused when the option was given before.
+fn first_keyword<K: Parse + ToTokens>(input: ParseStream<'_>, given: bool) -> syn::Result<K> {
+    let keyword: K = input.parse()?;
+    if given {
+        return Err(syn::Error::new_spanned(
+            &keyword,
+            format!("duplicate `{}` option", keyword.to_token_stream()),
+        ));
+    }
+    Ok(keyword)
+}
+
+/// `keys(req.user_id, from.id)`: the key expressions written as code, which editors
+/// complete and rename like any other.
+fn key_exprs(input: ParseStream<'_>, slot: &mut Option<Setting<Vec<Expr>>>) -> syn::Result<()> {
+    let keyword: kw::keys = first_keyword(input, slot.is_some())?;
+    let content;
+    let paren = syn::parenthesized!(content in input);
+    let exprs = Punctuated::<Expr, Token![,]>::parse_terminated(&content)?;
+    if exprs.is_empty() {
+        return Err(syn::Error::new(
+            paren.span.join(),
+            "`keys()` is empty; list at least one key, or drop `keys` to take one lock per prefix",
+        ));
+    }
+    let mut tokens = keyword.to_token_stream();
+    paren.surround(&mut tokens, |tokens| exprs.to_tokens(tokens));
+    *slot = Some(Setting {
+        value: exprs.into_iter().collect(),
+        tokens,
     });
     Ok(())
 }
@@ -237,7 +269,7 @@ fn prefix(name: &str, expr: &Expr) -> syn::Result<LitStr> {
     Ok(lit)
 }
 
-fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Embedded<Expr>>> {
+fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Expr>> {
     let key = |expr: &Expr| {
         embedded(
             name,
@@ -247,6 +279,7 @@ fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Embedded<Expr>>> {
             "an expression",
             Expr::parse,
         )
+        .map(|key| key.code)
     };
     match expr {
         Expr::Array(array) if array.elems.is_empty() => Err(syn::Error::new_spanned(
@@ -257,8 +290,8 @@ fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Embedded<Expr>>> {
         Expr::Lit(_) => Ok(vec![key(expr)?]),
         _ => Err(syn::Error::new_spanned(
             expr,
-            "`keys` takes an expression in a string, or an array of them, \
-             like `keys = \"req.user_id\"` or `keys = [\"a.id\", \"b.id\"]`",
+            "`keys` takes expressions, like `keys(req.user_id, from.id)`, or the same in \
+             strings: `keys = \"req.user_id\"` or `keys = [\"req.user_id\", \"from.id\"]`",
         )),
     }
 }

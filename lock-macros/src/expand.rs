@@ -3,22 +3,13 @@
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
-use syn::spanned::Spanned;
-use syn::{AttrStyle, GenericArgument, Ident, ItemFn, LitStr, PathArguments, ReturnType, Type};
+use syn::{Ident, LitStr};
 
 use crate::attr::{OnLost, Options};
+use crate::item::Function;
+use crate::valid::Returns;
 
-pub(crate) fn expand(options: &Options, function: ItemFn) -> TokenStream {
-    let ItemFn {
-        attrs,
-        vis,
-        sig,
-        block,
-    } = function;
-    let (outer_attrs, inner_attrs): (Vec<_>, Vec<_>) = attrs
-        .into_iter()
-        .partition(|attr| matches!(attr.style, AttrStyle::Outer));
-
+pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -> TokenStream {
     let local = |name: &str| Ident::new(name, Span::mixed_site());
     let client = local("__lock_client");
     let key = local("__lock_key");
@@ -26,6 +17,9 @@ pub(crate) fn expand(options: &Options, function: ItemFn) -> TokenStream {
     let guard = local("__lock_guard");
     let result = local("__lock_result");
     let fake_return = local("__lock_fake_return");
+    let value = local("__lock_value");
+    let error = local("__lock_error");
+    let lock_error_into = local("__lock_error_into");
 
     let krate = match &options.krate {
         Some(krate) => krate.value.code.to_token_stream(),
@@ -33,29 +27,46 @@ pub(crate) fn expand(options: &Options, function: ItemFn) -> TokenStream {
     };
     let private = quote!(#krate::__private);
 
-    // A lock error reaches the caller through `E: From<LockError>`. The code that
-    // converts it is located at `E` in the return type, so that a missing impl is
-    // reported there, once.
-    let value = local("__lock_value");
-    let error = local("__lock_error");
-    let error_span = Span::mixed_site().located_at(error_type_span(&sig.output));
-    let private_at_error = path_at(&private, error_span);
-    // Rustc reports an unmet bound of `From::from` at its argument.
-    let error_at_type = Ident::new("__lock_error", error_span);
+    let output_ends = ends(&function.output);
+    // Located at the return type, where a build without the `axum` feature reports it.
+    let into_response = respan(quote!(#private::axum::into_response), output_ends.0);
+    // The one place the return type meets its bound, spanned over the return type so
+    // that a type that cannot carry a lock error is reported there, once.
+    let conversion = match returns {
+        Returns::Carrier(ty) => {
+            let (first, last) = ends(ty);
+            let open = quote_spanned!(first=> <);
+            let rest = respan(
+                quote!(as #private::CarriesLockError>::from_lock_error),
+                last,
+            );
+            quote!(#open #ty #rest)
+        }
+        Returns::IntoResponse => {
+            let argument = respan(quote!(::<#private::LockError>), output_ends.1);
+            quote!(#into_response #argument)
+        }
+    };
     let or_return = |fallible: TokenStream| {
-        quote_spanned! {error_span=>
+        quote! {
             match #fallible {
                 ::core::result::Result::Ok(#value) => #value,
-                ::core::result::Result::Err(#error) => {
-                    return ::core::result::Result::Err(::core::convert::From::from(#error_at_type));
-                }
+                ::core::result::Result::Err(#error) => return #lock_error_into(#error),
             }
         }
     };
 
+    // `#[async_trait]` moved `self` to `__self` before the body.
+    let follow_self = |expr: TokenStream| {
+        if function.async_trait {
+            self_to_async_trait_self(expr)
+        } else {
+            expr
+        }
+    };
     let client_value = match &options.client {
         Some(setting) => {
-            let expr = &setting.value.code;
+            let expr = follow_self(setting.value.code.to_token_stream());
             let given = local("__lock_given_client");
             // Typed as a reference so that `LockClient`, `&LockClient` and what derefs
             // to one all coerce, and anything else is a type error at the literal.
@@ -74,19 +85,27 @@ pub(crate) fn expand(options: &Options, function: ItemFn) -> TokenStream {
     let prefix = match &options.prefix {
         Some(prefix) => prefix.value.to_token_stream(),
         None => {
-            let name = LitStr::new(&sig.ident.unraw().to_string(), sig.ident.span());
+            let ident = &function.sig().ident;
+            let name = LitStr::new(&ident.unraw().to_string(), ident.span());
             quote!(::core::concat!(::core::module_path!(), "::", #name))
         }
     };
-    // The cast, spanned at the key's literal, is the one place a value that is not
-    // `Display` is reported.
+    // The cast, spanned over the key, is the one place a value that is not `Display`
+    // is reported.
     let parts = options
         .keys
         .iter()
         .flat_map(|keys| &keys.value)
         .map(|part| {
-            let expr = &part.code;
-            quote_spanned!(part.lit.span()=> .part(&(#expr) as &dyn ::core::fmt::Display))
+            let (first, last) = ends(part);
+            let mut expr = proc_macro2::Group::new(
+                proc_macro2::Delimiter::Parenthesis,
+                follow_self(part.to_token_stream()),
+            );
+            expr.set_span(last);
+            let open = quote_spanned!(first=> &);
+            let cast = respan(quote!(as &dyn ::core::fmt::Display), last);
+            quote!(.part(#open #expr #cast))
         });
 
     let mut setters = TokenStream::new();
@@ -135,100 +154,114 @@ pub(crate) fn expand(options: &Options, function: ItemFn) -> TokenStream {
         Some(OnLost::Continue) => quote!(#private::OnLost::Continue),
     };
 
-    // Gives the async block the fn's return type before the body is checked, so that
-    // `?` and `return` in the body convert into it (as tracing's `#[instrument]` does).
-    // A `let` cannot name an `impl Trait` type, so such a block goes without.
-    let typed_return = match &sig.output {
-        ReturnType::Type(_, ty) if !mentions_impl(ty) => quote! {
-            #[allow(
-                unknown_lints,
-                unreachable_code,
-                clippy::diverging_sub_expression,
-                clippy::empty_loop,
-                clippy::let_unit_value,
-                clippy::needless_return
-            )]
-            if false {
-                let #fake_return: #ty = loop {};
-                return #fake_return;
+    let stmts = &function.body.stmts;
+    let body = match returns {
+        // Gives the async block the fn's return type before the body is checked, so
+        // that `?` and `return` in the body convert into it (as tracing's
+        // `#[instrument]` does).
+        Returns::Carrier(ty) => quote! {
+            async move {
+                #[allow(
+                    unknown_lints,
+                    unreachable_code,
+                    clippy::diverging_sub_expression,
+                    clippy::empty_loop,
+                    clippy::let_unit_value,
+                    clippy::needless_return
+                )]
+                if false {
+                    let #fake_return: #ty = loop {};
+                    return #fake_return;
+                }
+                #(#stmts)*
             }
         },
-        _ => TokenStream::new(),
-    };
-    let stmts = &block.stmts;
-    let body = quote! {
-        async move {
-            #typed_return
-            #(#stmts)*
-        }
+        Returns::IntoResponse => quote! {
+            async move { #into_response(async move { #(#stmts)* }.await) }
+        },
     };
 
-    // `run` and `hold` require `E: From<LockError>` too.
     let run = match &options.guard {
-        None => quote_spanned! {error_span=>
-            #private_at_error::run(#guard, #on_lost, #body).await
+        None => quote! {
+            #private::run(#guard, #on_lost, #lock_error_into, #body).await
         },
         Some(user_guard) => {
             let user_guard = &user_guard.value;
-            let hold = quote_spanned! {error_span=>
-                #private_at_error::hold(&#guard, #on_lost, #body).await
-            };
             quote! {
                 let #user_guard = &#guard;
-                let #result = #hold;
+                let #result = #private::hold(&#guard, #on_lost, #lock_error_into, #body).await;
                 let _ = #private::LockGuard::release(#guard).await;
                 #result
             }
         }
     };
 
-    quote! {
-        #(#outer_attrs)*
-        #vis #sig {
-            #(#inner_attrs)*
-            let #client: #private::LockClient = #client_value;
-            let #key = #private::LockKey::new(#prefix) #(#parts)*;
-            let #lock_options = #private::LockOptions::new() #setters;
-            let #guard = #acquire;
-            #run
-        }
-    }
-}
-
-/// `E` in `Result<T, E>`, or the whole return type when it does not name `E`.
-fn error_type_span(output: &ReturnType) -> Span {
-    let ty = match output {
-        ReturnType::Type(_, ty) => ty,
-        ReturnType::Default => return Span::call_site(),
+    let locked = quote! {
+        let #lock_error_into = #conversion;
+        let #client: #private::LockClient = #client_value;
+        let #key = #private::LockKey::new(#prefix) #(#parts)*;
+        let #lock_options = #private::LockOptions::new() #setters;
+        let #guard = #acquire;
+        #run
     };
-    if let Type::Path(path) = &**ty
-        && let Some(PathArguments::AngleBracketed(args)) =
-            path.path.segments.last().map(|last| &last.arguments)
-        && let Some(GenericArgument::Type(error)) = args.args.iter().nth(1)
-    {
-        return error.span();
-    }
-    ty.span()
+    function.into_item(locked).into_token_stream()
 }
 
-/// `path`, every token located at `span`.
-fn path_at(path: &TokenStream, span: Span) -> TokenStream {
-    path.clone()
+/// The spans of the first and the last token of `tokens`: an expression whose every
+/// token is located in the user's code, from the first to the last, is reported
+/// over all of `tokens` (one token located at the attribute would move it there).
+fn ends(tokens: &impl ToTokens) -> (Span, Span) {
+    let mut tokens = tokens.to_token_stream().into_iter();
+    let first = tokens
+        .next()
+        .map_or_else(Span::call_site, |token| token.span());
+    let last = tokens.last().map_or(first, |token| token.span());
+    (first, last)
+}
+
+/// `tokens`, every one located at `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
         .into_iter()
         .map(|mut token| {
-            token.set_span(span);
+            if let TokenTree::Group(group) = &token {
+                let mut group =
+                    proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                group.set_span(span);
+                token = TokenTree::Group(group);
+            } else {
+                token.set_span(span);
+            }
             token
         })
         .collect()
 }
 
-fn mentions_impl(ty: &Type) -> bool {
-    fn walk(tokens: TokenStream) -> bool {
-        tokens.into_iter().any(|token| match token {
-            TokenTree::Ident(ident) => ident == "impl",
-            TokenTree::Group(group) => walk(group.stream()),
-            _ => false,
-        })
+/// `self` as `#[async_trait]`'s `__self`, except in paths such as `self::NAME`.
+fn self_to_async_trait_self(tokens: TokenStream) -> TokenStream {
+    let mut tokens = tokens.into_iter().peekable();
+    let mut out = Vec::new();
+    while let Some(token) = tokens.next() {
+        let token = match token {
+            TokenTree::Ident(ident) if ident == "self" => {
+                let in_path = matches!(tokens.peek(), Some(TokenTree::Punct(punct)) if punct.as_char() == ':');
+                if in_path {
+                    TokenTree::Ident(ident)
+                } else {
+                    TokenTree::Ident(Ident::new("__self", ident.span()))
+                }
+            }
+            TokenTree::Group(group) => {
+                let mut inner = proc_macro2::Group::new(
+                    group.delimiter(),
+                    self_to_async_trait_self(group.stream()),
+                );
+                inner.set_span(group.span());
+                TokenTree::Group(inner)
+            }
+            other => other,
+        };
+        out.push(token);
     }
-    walk(ty.to_token_stream())
+    out.into_iter().collect()
 }

@@ -2,10 +2,12 @@
 //! it as `lock_runtime::distributed_lock` and holds everything the generated code
 //! calls; the attribute's docs list every option.
 //!
-//! The crate reads as parse (`attr`), validate (`valid`), expand (`expand`).
+//! The crate reads as parse (`attr` for the options, `item` for the fn), validate
+//! (`valid`), expand (`expand`).
 
 mod attr;
 mod expand;
+mod item;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -18,21 +20,49 @@ use syn::ItemFn;
 /// held and releases the lock on every way out: return, `?`, panic, and the future
 /// being dropped.
 ///
-/// The fn must return `Result<T, E>` with `E: From<LockError>`: a lock that cannot be
-/// taken is returned as `Err(LockError::..)`, converted into `E`. Aliases are
-/// recognised by name, so the return type's last segment must end in `Result`
-/// (`anyhow::Result<T>`, `AppResult<T>`).
+/// When the lock cannot be had, or its lease is lost, the fn returns the lock error in
+/// its own return type, which must be able to carry one. The compiler checks that
+/// through a trait bound, so aliases under any name work:
+///
+/// - `Result<T, E>` with `E: From<LockError>` (`Result<T, LockError>`,
+///   `type Reply<T> = Result<T, AppError>`, `anyhow::Result<T>`). `T` may be an
+///   `impl Trait`; `?` in the body converts into `E` as in any fn.
+/// - With lock-runtime's `axum` feature, `axum::response::Response` and
+///   `impl IntoResponse` (recognised by its syntax: the body's value and the lock
+///   error both go through `into_response()`); with its `actix` feature,
+///   `actix_web::HttpResponse`.
 ///
 /// ```
 /// use lock_runtime::{LockError, distributed_lock};
 ///
 /// struct CreateOrder { user_id: u64 }
 ///
-/// #[distributed_lock(prefix = "order", keys = "req.user_id", retries = 20)]
+/// #[distributed_lock(prefix = "order", keys(req.user_id), retries = 20)]
 /// async fn create_order(req: CreateOrder) -> Result<u64, LockError> {
 ///     Ok(req.user_id) // runs alone among the holders of `order:<user_id>`
 /// }
+///
+/// #[derive(Debug)]
+/// struct AppError(LockError);
+///
+/// impl From<LockError> for AppError {
+///     fn from(error: LockError) -> Self { AppError(error) }
+/// }
+///
+/// type Reply<T> = Result<T, AppError>;
+///
+/// #[distributed_lock(prefix = "order", keys(req.user_id))]
+/// async fn describe_order(req: CreateOrder) -> Reply<impl std::fmt::Display> {
+///     let locks = lock_runtime::default_client()?; // `?` converts the LockError
+///     Ok(format!("order {} on {locks:?}", req.user_id))
+/// }
 /// ```
+///
+/// On a method of an `#[async_trait]` impl, which `async_trait` has rewritten by the
+/// time the attribute runs, the attribute finds the body in what `async_trait` made
+/// and locks around it; keys and `client` still say `self`. The attribute stacks with
+/// `#[tracing::instrument]` and `#[axum::debug_handler]` in either order, and goes
+/// under Actix's route macros (`#[post("/")]`).
 ///
 /// Without a `client` option the fn uses the client given to
 /// `lock_runtime::set_default_client` at start-up, and returns
@@ -40,8 +70,9 @@ use syn::ItemFn;
 ///
 /// # Options
 ///
-/// Each option is given at most once, as `name = value`, separated by commas. Times
-/// (`*_ms`) are whole milliseconds, at least 1, written without a suffix.
+/// Each option is given at most once, as `name = value` (`keys` also as `keys(..)`),
+/// separated by commas. Times (`*_ms`) are whole milliseconds, at least 1, written
+/// without a suffix.
 ///
 /// ## `prefix = "name"`
 ///
@@ -59,20 +90,22 @@ use syn::ItemFn;
 /// }
 /// ```
 ///
-/// ## `keys = "expr"` or `keys = ["expr", ...]`
+/// ## `keys(expr, ...)`, `keys = "expr"` or `keys = ["expr", ...]`
 ///
 /// Rust expressions over the fn's parameters, each appended to the key through its
-/// `Display`. Names bound by patterns count as parameters, and so does `self`. Each
-/// expression must start from a parameter: every name that a value in it starts from
-/// must be a parameter or an UPPER_CASE constant, and at least one must be a
-/// parameter. Closures, blocks and other forms that bind names of their own are not
-/// looked into, nor are names captured by a format string (`format!("{id}")`): pass
-/// those as arguments. Without `keys`, the fn takes one lock per prefix.
+/// `Display`: written as code, `keys(from.id, to.id)`, which editors see and rename
+/// like any other code, or each in a string. Both forms give the same key. Names
+/// bound by patterns count as parameters, and so does `self`. Each expression must
+/// start from a parameter: every name that a value in it starts from must be a
+/// parameter or an UPPER_CASE constant, and at least one must be a parameter.
+/// Closures, blocks and other forms that bind names of their own are not looked
+/// into, nor are names captured by a format string (`format!("{id}")`): pass those
+/// as arguments. Without `keys`, the fn takes one lock per prefix.
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};
 /// # struct Account { id: u64 }
-/// #[distributed_lock(keys = ["from.id", "to.id"])]
+/// #[distributed_lock(keys(from.id, to.id))]
 /// async fn transfer(from: &Account, to: &Account, cents: u64) -> Result<(), LockError> {
 ///     Ok(())
 /// }
@@ -263,8 +296,9 @@ use syn::ItemFn;
 ///
 /// # Errors at compile time
 ///
-/// Each is reported at the tokens at fault: a fn that is not `async` or does not
-/// return a `Result`; an unknown, repeated or mistyped option; a key expression that
+/// Each is reported at the tokens at fault: a fn that is not `async`; a return type
+/// that cannot carry a lock error (one error at the return type, naming the bound
+/// it misses); an unknown, repeated or mistyped option; a key expression that
 /// does not parse, does not start from a parameter, or whose value is not `Display`;
 /// a guard named like a parameter; and options that contradict each other.
 #[proc_macro_attribute]
@@ -291,6 +325,7 @@ fn distributed_lock_inner(
             "`#[distributed_lock]` goes on an `async fn` with a body",
         )
     })?;
-    valid::check(&options, &function.sig)?;
-    Ok(expand::expand(&options, function))
+    let function = item::Function::parse(function)?;
+    let returns = valid::check(&options, &function)?;
+    Ok(expand::expand(&options, function, &returns))
 }

@@ -1,24 +1,26 @@
-//! Checks of the options against each other and against the fn's signature.
+//! Checks of the options against each other and against the fn.
 
 use syn::punctuated::Punctuated;
-use syn::{Expr, FnArg, Ident, Pat, ReturnType, Signature, Token, Type};
+use syn::{Expr, GenericArgument, Ident, PathArguments, ReturnType, Token, Type, TypeParamBound};
 
-use crate::attr::{Embedded, Options};
+use crate::attr::Options;
+use crate::item::Function;
+
+/// How a lock error reaches the caller.
+pub(crate) enum Returns {
+    /// Through `CarriesLockError`, implemented by the fn's return type: written here
+    /// with `_` for each `impl Trait` in it (`Result<_, E>`), which the body fills in.
+    Carrier(Box<Type>),
+    /// `impl IntoResponse`: the body's value and the lock error both become a
+    /// `Response`.
+    IntoResponse,
+}
 
 /// Every error found, so that one build reports them all.
-pub(crate) fn check(options: &Options, sig: &Signature) -> syn::Result<()> {
-    let mut errors = Vec::new();
-    if sig.asyncness.is_none() {
-        errors.push(syn::Error::new_spanned(
-            sig.fn_token,
-            "`#[distributed_lock]` requires an `async fn`",
-        ));
-    }
-    if let Err(error) = returns_result(sig) {
-        errors.push(error);
-    }
-    errors.extend(contradictions(options));
-    let params = parameters(sig);
+pub(crate) fn check(options: &Options, function: &Function) -> syn::Result<Returns> {
+    let returns = returns(function);
+    let mut errors = contradictions(options);
+    let params = &function.params;
     if let Some(guard) = &options.guard
         && params.contains(&guard.value)
     {
@@ -31,13 +33,13 @@ pub(crate) fn check(options: &Options, sig: &Signature) -> syn::Result<()> {
         ));
     }
     for key in options.keys.iter().flat_map(|keys| &keys.value) {
-        if let Err(error) = names_parameters(key, &params) {
+        if let Err(error) = names_parameters(key, params) {
             errors.push(error);
         }
     }
-    let mut errors = errors.into_iter();
+    let mut errors = returns.as_ref().err().cloned().into_iter().chain(errors);
     match errors.next() {
-        None => Ok(()),
+        None => returns,
         Some(mut first) => {
             first.extend(errors);
             Err(first)
@@ -45,29 +47,78 @@ pub(crate) fn check(options: &Options, sig: &Signature) -> syn::Result<()> {
     }
 }
 
-fn returns_result(sig: &Signature) -> syn::Result<()> {
-    const EXPECTED: &str = "`#[distributed_lock]` requires the fn to return `Result<T, E>` \
-        with `E: From<LockError>`, to report a lock it could not take";
-    let ty = match &sig.output {
-        ReturnType::Type(_, ty) => ty,
-        ReturnType::Default => return Err(syn::Error::new_spanned(sig, EXPECTED)),
+const EXPECTED: &str = "to report a lock it could not take, `#[distributed_lock]` needs the fn \
+    to return `Result<T, E>` with `E: From<LockError>`, or with the `axum` or `actix` feature \
+    a response: `Response`, `impl IntoResponse`, `HttpResponse`";
+
+/// A named return type is left to the compiler, which checks it against
+/// `CarriesLockError`; an opaque one is recognised here by its syntax.
+fn returns(function: &Function) -> syn::Result<Returns> {
+    let Some(ty) = &function.output else {
+        let sig = function.sig();
+        return Err(match &sig.output {
+            ReturnType::Type(_, ty) => syn::Error::new_spanned(ty, EXPECTED),
+            ReturnType::Default => syn::Error::new_spanned(sig, EXPECTED),
+        });
     };
-    let mut inner = &**ty;
-    while let Type::Group(group) = inner {
-        inner = &group.elem;
-    }
-    match inner {
-        // Aliases count by name: `anyhow::Result<T>`, `io::Result<T>`, `AppResult<T>`.
-        Type::Path(path)
-            if path
-                .path
-                .segments
-                .last()
-                .is_some_and(|last| last.ident.to_string().ends_with("Result")) =>
-        {
-            Ok(())
+    match ungrouped(ty) {
+        Type::ImplTrait(opaque) if opaque.bounds.iter().any(is_into_response) => {
+            Ok(Returns::IntoResponse)
         }
-        _ => Err(syn::Error::new_spanned(ty, EXPECTED)),
+        Type::ImplTrait(opaque) => Err(syn::Error::new_spanned(
+            opaque,
+            "`#[distributed_lock]` cannot return a lock error through an `impl Trait` other \
+             than axum's `impl IntoResponse`; name the type, or return `Result<impl Trait, E>` \
+             with `E: From<LockError>`",
+        )),
+        _ => Ok(Returns::Carrier(Box::new(infer_impl_trait(ty)))),
+    }
+}
+
+fn ungrouped(mut ty: &Type) -> &Type {
+    while let Type::Group(group) = ty {
+        ty = &group.elem;
+    }
+    ty
+}
+
+fn is_into_response(bound: &TypeParamBound) -> bool {
+    matches!(bound, TypeParamBound::Trait(bound)
+        if bound.path.segments.last().is_some_and(|last| last.ident == "IntoResponse"))
+}
+
+/// `ty` with `_` for each `impl Trait`: a type a `let` can name.
+fn infer_impl_trait(ty: &Type) -> Type {
+    let mut ty = ty.clone();
+    infer_in(&mut ty);
+    ty
+}
+
+fn infer_in(ty: &mut Type) {
+    match ty {
+        Type::ImplTrait(opaque) => {
+            *ty = Type::Infer(syn::TypeInfer {
+                underscore_token: Token![_](opaque.impl_token.span),
+            });
+        }
+        Type::Path(path) => {
+            for segment in &mut path.path.segments {
+                if let PathArguments::AngleBracketed(args) = &mut segment.arguments {
+                    for arg in &mut args.args {
+                        if let GenericArgument::Type(ty) = arg {
+                            infer_in(ty);
+                        }
+                    }
+                }
+            }
+        }
+        Type::Tuple(tuple) => tuple.elems.iter_mut().for_each(infer_in),
+        Type::Array(array) => infer_in(&mut array.elem),
+        Type::Slice(slice) => infer_in(&mut slice.elem),
+        Type::Reference(reference) => infer_in(&mut reference.elem),
+        Type::Paren(paren) => infer_in(&mut paren.elem),
+        Type::Group(group) => infer_in(&mut group.elem),
+        _ => {}
     }
 }
 
@@ -113,51 +164,9 @@ fn contradictions(options: &Options) -> Vec<syn::Error> {
     errors
 }
 
-/// The names the parameters bind, `self` first for a method.
-fn parameters(sig: &Signature) -> Vec<Ident> {
-    let mut names = Vec::new();
-    for input in &sig.inputs {
-        match input {
-            FnArg::Receiver(receiver) => {
-                names.push(Ident::new("self", receiver.self_token.span));
-            }
-            FnArg::Typed(typed) => bindings(&typed.pat, &mut names),
-        }
-    }
-    names
-}
-
-fn bindings(pat: &Pat, names: &mut Vec<Ident>) {
-    match pat {
-        Pat::Ident(pat) => {
-            names.push(pat.ident.clone());
-            if let Some((_, sub)) = &pat.subpat {
-                bindings(sub, names);
-            }
-        }
-        Pat::Tuple(pat) => pat.elems.iter().for_each(|pat| bindings(pat, names)),
-        Pat::TupleStruct(pat) => pat.elems.iter().for_each(|pat| bindings(pat, names)),
-        Pat::Struct(pat) => pat
-            .fields
-            .iter()
-            .for_each(|field| bindings(&field.pat, names)),
-        Pat::Slice(pat) => pat.elems.iter().for_each(|pat| bindings(pat, names)),
-        // Every case of an or-pattern binds the same names.
-        Pat::Or(pat) => pat
-            .cases
-            .iter()
-            .take(1)
-            .for_each(|pat| bindings(pat, names)),
-        Pat::Reference(pat) => bindings(&pat.pat, names),
-        Pat::Paren(pat) => bindings(&pat.pat, names),
-        Pat::Type(pat) => bindings(&pat.pat, names),
-        _ => {}
-    }
-}
-
 /// A key must be built from the parameters: every name it starts a value from must
 /// be a parameter or an UPPER_CASE constant, and at least one must be a parameter.
-fn names_parameters(key: &Embedded<Expr>, params: &[Ident]) -> syn::Result<()> {
+fn names_parameters(key: &Expr, params: &[Ident]) -> syn::Result<()> {
     let listed = if params.is_empty() {
         "the fn has none; drop `keys` to take one lock per prefix".to_owned()
     } else {
@@ -165,23 +174,21 @@ fn names_parameters(key: &Embedded<Expr>, params: &[Ident]) -> syn::Result<()> {
         format!("the parameters are: {}", names.join(", "))
     };
     let mut roots = Vec::new();
-    value_roots(&key.code, &mut roots);
+    value_roots(key, &mut roots);
     let stranger = roots
         .iter()
         .find(|root| !params.contains(*root) && !is_constant(root));
+    // A key written in a string is spanned at the string.
     if let Some(stranger) = stranger {
         return Err(syn::Error::new(
-            key.lit.span(),
-            format!(
-                "key `{}`: `{stranger}` is not a parameter; {listed}",
-                key.lit.value()
-            ),
+            stranger.span(),
+            format!("`{stranger}` in this key is not a parameter; {listed}"),
         ));
     }
     if !roots.iter().any(|root| params.contains(root)) {
-        return Err(syn::Error::new(
-            key.lit.span(),
-            format!("key `{}` names no parameter; {listed}", key.lit.value()),
+        return Err(syn::Error::new_spanned(
+            key,
+            format!("this key names no parameter; {listed}"),
         ));
     }
     Ok(())

@@ -275,9 +275,8 @@ async fn a_lost_lease_cancels_the_body_or_lets_it_see_the_loss() {
     );
 
     let deleting = tokio::spawn(delete_soon(data.clone()));
-    assert_eq!(
-        careful_import(&locks).await.unwrap(),
-        false,
+    assert!(
+        !careful_import(&locks).await.unwrap(),
         "the body ran on and saw the loss"
     );
     deleting.await.unwrap();
@@ -370,5 +369,162 @@ async fn sections_joined_in_one_body_take_turns() {
         redis.lock_calls() - trips,
         2,
         "the halves re-entered the body's lock"
+    );
+}
+
+/// Stock held in one Redis and reserved through two clients, as two instances of a
+/// service would.
+#[async_trait::async_trait]
+trait Reserve {
+    async fn reserve(&self, sku: &str) -> Result<(), LockError>;
+    async fn reserve_now(&self, (sku, lasting): (&str, Duration)) -> Result<(), LockError>;
+}
+
+struct Warehouse {
+    locks: LockClient,
+    shard: u32,
+    overlap: Arc<Overlap>,
+}
+
+#[async_trait::async_trait]
+impl Reserve for Warehouse {
+    #[distributed_lock(client = "self.locks", prefix = "stock", keys(self.shard, sku), timeout_ms = 10_000)]
+    async fn reserve(&self, sku: &str) -> Result<(), LockError> {
+        self.overlap.section(Duration::from_millis(5)).await;
+        Ok(())
+    }
+
+    #[distributed_lock(client = "self.locks", prefix = "stock", keys(self.shard, sku), spin = false)]
+    async fn reserve_now(&self, (sku, lasting): (&str, Duration)) -> Result<(), LockError> {
+        self.overlap.section(lasting).await;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_trait_method_locks_across_two_clients() {
+    let redis = RedisServer::start();
+    let overlap = Arc::new(Overlap::default());
+    let mut warehouses = Vec::new();
+    for _ in 0..2 {
+        warehouses.push(Arc::new(Warehouse {
+            locks: LockClient::connect(&redis.url()).await.unwrap(),
+            shard: 2,
+            overlap: overlap.clone(),
+        }));
+    }
+    let callers: Vec<_> = (0..20)
+        .map(|caller| {
+            let warehouse = warehouses[caller % 2].clone();
+            tokio::spawn(async move { warehouse.reserve("sku-5").await })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap().unwrap();
+    }
+    assert_eq!(overlap.most(), 1, "two callers were inside at once");
+
+    let holder = tokio::spawn({
+        let warehouse = warehouses[0].clone();
+        async move {
+            warehouse
+                .reserve_now(("sku-6", Duration::from_millis(500)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let busy = warehouses[1].reserve_now(("sku-6", Duration::ZERO)).await;
+    assert!(
+        matches!(busy, Err(LockError::Busy { ref key, .. }) if key == "stock:2:sku-6"),
+        "{busy:?}"
+    );
+    holder.await.unwrap().unwrap();
+}
+
+/// For each event, the name of the innermost span it happened in.
+#[derive(Clone, Default)]
+struct EventSpans(Arc<std::sync::Mutex<EventSpansInner>>);
+
+#[derive(Default)]
+struct EventSpansInner {
+    names: Vec<&'static str>,
+    entered: Vec<u64>,
+    seen: Vec<Option<&'static str>>,
+}
+
+impl tracing::Subscriber for EventSpans {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut inner = self.0.lock().unwrap();
+        inner.names.push(span.metadata().name());
+        tracing::span::Id::from_u64(inner.names.len() as u64)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, _: &tracing::Event<'_>) {
+        let mut inner = self.0.lock().unwrap();
+        let innermost = inner.entered.last().map(|id| inner.names[*id as usize - 1]);
+        inner.seen.push(innermost);
+    }
+
+    fn enter(&self, span: &tracing::span::Id) {
+        self.0.lock().unwrap().entered.push(span.into_u64());
+    }
+
+    fn exit(&self, _: &tracing::span::Id) {
+        self.0.lock().unwrap().entered.pop();
+    }
+}
+
+#[tracing::instrument(skip_all)]
+#[distributed_lock(client = "locks", prefix = "traced", timeout_ms = 10_000)]
+async fn traced_outside(locks: &LockClient, overlap: &Overlap) -> Result<(), LockError> {
+    tracing::info!("inside");
+    overlap.section(Duration::from_millis(20)).await;
+    Ok(())
+}
+
+#[distributed_lock(client = "locks", prefix = "traced", timeout_ms = 10_000)]
+#[tracing::instrument(skip_all)]
+async fn traced_inside(locks: &LockClient, overlap: &Overlap) -> Result<(), LockError> {
+    tracing::info!("inside");
+    overlap.section(Duration::from_millis(20)).await;
+    Ok(())
+}
+
+/// One thread, so that the subscriber set for it sees every poll.
+#[tokio::test(flavor = "current_thread")]
+async fn instrumented_fns_hold_the_lock_and_run_in_their_span_in_either_order() {
+    let redis = RedisServer::start();
+    let here = LockClient::connect(&redis.url()).await.unwrap();
+    let there = LockClient::connect(&redis.url()).await.unwrap();
+    let spans = EventSpans::default();
+    let _default = tracing::subscriber::set_default(spans.clone());
+    let overlap = Overlap::default();
+    let (a, b, c, d) = tokio::join!(
+        traced_outside(&here, &overlap),
+        traced_inside(&there, &overlap),
+        traced_outside(&there, &overlap),
+        traced_inside(&here, &overlap),
+    );
+    a.and(b).and(c).and(d).unwrap();
+    assert_eq!(overlap.most(), 1, "two bodies ran at once");
+    let mut seen = spans.0.lock().unwrap().seen.clone();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            Some("traced_inside"),
+            Some("traced_inside"),
+            Some("traced_outside"),
+            Some("traced_outside")
+        ],
+        "each body ran in its fn's span"
     );
 }

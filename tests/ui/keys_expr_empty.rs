@@ -1,0 +1,8 @@
+use lock_runtime::{LockError, distributed_lock};
+
+#[distributed_lock(keys())]
+async fn create_order(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+fn main() {}
