@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{ClientConfig, LockClient, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
 use lock_tests::{CountingProxy, RedisServer};
 use tokio::time::Instant;
 
@@ -285,4 +285,41 @@ async fn a_waiter_that_died_holds_the_lock_only_for_a_moment() {
         .unwrap();
     assert_eq!(said, "", "the dead waiter never held the lock");
     next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_or_is_dropped_leaves_the_queue() {
+    let redis = RedisServer::start();
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let quitter = LockClient::connect(&redis.url()).await.unwrap();
+    let newcomer = LockClient::connect(&redis.url()).await.unwrap();
+    for dropped in [false, true] {
+        let guard = holder
+            .acquire("gift-card", &LockOptions::new())
+            .await
+            .unwrap();
+        let waiting = {
+            let quitter = quitter.clone();
+            let impatient = LockOptions::new().timeout(Duration::from_millis(200));
+            tokio::spawn(async move { quitter.acquire("gift-card", &impatient).await })
+        };
+        if dropped {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            waiting.abort();
+        } else {
+            let gave_up = waiting.await.unwrap();
+            assert!(
+                matches!(gave_up, Err(LockError::Timeout { .. })),
+                "{gave_up:?}"
+            );
+        }
+        quitter.shutdown().await;
+        guard.release().await.unwrap();
+        let next = newcomer
+            .try_acquire("gift-card", &LockOptions::new())
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("the lock went to a waiter that left (dropped: {dropped})"));
+        next.release().await.unwrap();
+    }
 }

@@ -8,12 +8,13 @@
 -- to the first waiter. `pcall`: a lock left by an older version is a hash, which is
 -- never ours.
 local lock, queue, token, waiters = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
-if waiters == 'queue' then
-  redis.call('ZREM', queue, token)
-end
 if redis.pcall('GET', lock) ~= token then
+  if waiters == 'queue' then
+    redis.call('ZREM', queue, token)
+  end
   return 0
 end
+-- Held under the token: it left the queue when it was granted.
 if waiters == 'queue' and pass_to_first_waiter(lock, queue, ARGV[3], ARGV[4], ARGV[6]) then
   return 2
 end
