@@ -18,6 +18,7 @@ mod kw {
     syn::custom_keyword!(timeout_ms);
     syn::custom_keyword!(expire_ms);
     syn::custom_keyword!(max_hold_ms);
+    syn::custom_keyword!(hold_at_least_ms);
     syn::custom_keyword!(watchdog);
     syn::custom_keyword!(reentrant);
     syn::custom_keyword!(fencing);
@@ -27,7 +28,7 @@ mod kw {
 }
 
 const OPTIONS: &str = "`prefix`, `keys`, `spin`, `retries`, `wait_ms`, `timeout_ms`, \
-    `expire_ms`, `max_hold_ms`, `watchdog`, `reentrant`, `fencing`, `guard`, `client`, \
+    `expire_ms`, `max_hold_ms`, `hold_at_least_ms`, `watchdog`, `reentrant`, `fencing`, `guard`, `client`, \
     `on_lost`, `crate`";
 
 /// Redis rejects longer expiry times; the runtime's `MAX_LEASE`.
@@ -70,6 +71,7 @@ pub(crate) struct Options {
     pub(crate) timeout_ms: Option<Setting<u64>>,
     pub(crate) expire_ms: Option<Setting<u64>>,
     pub(crate) max_hold_ms: Option<Setting<u64>>,
+    pub(crate) hold_at_least_ms: Option<Setting<u64>>,
     pub(crate) watchdog: Option<Setting<bool>>,
     pub(crate) reentrant: Option<Setting<bool>>,
     pub(crate) fencing: Option<Setting<bool>>,
@@ -102,6 +104,8 @@ impl Parse for Options {
                 set::<kw::expire_ms, _>(input, &mut options.expire_ms, lease_millis)?;
             } else if lookahead.peek(kw::max_hold_ms) {
                 set::<kw::max_hold_ms, _>(input, &mut options.max_hold_ms, millis)?;
+            } else if lookahead.peek(kw::hold_at_least_ms) {
+                set::<kw::hold_at_least_ms, _>(input, &mut options.hold_at_least_ms, lease_millis)?;
             } else if lookahead.peek(kw::watchdog) {
                 set::<kw::watchdog, _>(input, &mut options.watchdog, boolean)?;
             } else if lookahead.peek(kw::reentrant) {

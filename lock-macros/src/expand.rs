@@ -134,6 +134,10 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
         let max_hold = millis(max_hold.value);
         setters.extend(quote!(.max_hold(#max_hold)));
     }
+    if let Some(window) = &options.hold_at_least_ms {
+        let window = millis(window.value);
+        setters.extend(quote!(.hold_at_least(#window)));
+    }
     if let Some(watchdog) = &options.watchdog {
         let watchdog = watchdog.value;
         setters.extend(quote!(.watchdog(#watchdog)));

@@ -212,6 +212,22 @@ use syn::ItemFn;
 /// }
 /// ```
 ///
+/// ## `hold_at_least_ms = n`
+///
+/// Keep the lock until at least `n` milliseconds after it was taken, even when the
+/// body ends sooner. With `spin = false`, a job scheduled on several replicas runs
+/// once per window: the replicas that come later in the window get
+/// `LockError::Busy` and skip it. With a fixed `expire_ms` (and no watchdog), the
+/// window may not be longer than the lease.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(prefix = "nightly-report", spin = false, hold_at_least_ms = 60_000)]
+/// async fn nightly_report() -> Result<(), LockError> {
+///     Ok(()) // runs on one replica per minute, however many start it
+/// }
+/// ```
+///
 /// ## `reentrant = bool`
 ///
 /// Let a call made inside the body on the same key and client re-enter the lock with

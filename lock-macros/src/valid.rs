@@ -161,6 +161,18 @@ fn contradictions(options: &Options) -> Vec<syn::Error> {
             ));
         }
     }
+    if let (Some(window), Some(lease)) = (&options.hold_at_least_ms, &options.expire_ms) {
+        let watchdog = options
+            .watchdog
+            .as_ref()
+            .is_some_and(|watchdog| watchdog.value);
+        if !watchdog && window.value > lease.value {
+            errors.push(window.error(
+                "`hold_at_least_ms` is longer than the fixed `expire_ms`, which would free \
+                 the lock first; lengthen `expire_ms`, add `watchdog = true`, or shorten the window",
+            ));
+        }
+    }
     errors
 }
 

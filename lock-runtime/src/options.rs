@@ -48,6 +48,7 @@ pub struct LockOptions {
     timeout: Option<Duration>,
     reentrant: bool,
     fencing: bool,
+    hold_at_least: Option<Duration>,
 }
 
 impl Default for LockOptions {
@@ -62,6 +63,7 @@ impl Default for LockOptions {
             timeout: None,
             reentrant: true,
             fencing: false,
+            hold_at_least: None,
         }
     }
 }
@@ -136,6 +138,26 @@ impl LockOptions {
         self
     }
 
+    /// Keep the lock until at least `window` after it was taken, even when the guard
+    /// lets go sooner: a release then leaves the lock in Redis, held by nobody, until
+    /// the window ends. With `spin(false)`, a job scheduled on several replicas runs
+    /// once per window, and the other replicas get `Busy` and skip it (the pattern
+    /// ShedLock is known for). Such a lock is never handed from task to task.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_runtime::LockOptions;
+    ///
+    /// let nightly = LockOptions::new()
+    ///     .spin(false)
+    ///     .hold_at_least(Duration::from_secs(60));
+    /// # let _ = nightly;
+    /// ```
+    pub fn hold_at_least(mut self, window: Duration) -> Self {
+        self.hold_at_least = Some(window);
+        self
+    }
+
     /// Checks the options and settles every default.
     pub(crate) fn plan(&self, key: &str) -> Result<Plan, LockError> {
         let invalid = |reason: &str| LockError::InvalidOptions {
@@ -167,6 +189,20 @@ impl LockOptions {
                 "`spin(false)` fails at once, so `retries`, `retry_wait` and `timeout` would never apply; drop them or spin",
             ));
         }
+        if let Some(window) = self.hold_at_least {
+            if window < Duration::from_millis(1) {
+                return Err(invalid("`hold_at_least` must be at least 1 ms"));
+            }
+            if !watchdog && window > lease {
+                return Err(invalid(
+                    "`hold_at_least` is longer than the fixed lease, which would free the lock first; \
+                     lengthen the lease or use the watchdog",
+                ));
+            }
+            if window > MAX_LEASE {
+                return Err(invalid("`hold_at_least` is longer than Redis accepts"));
+            }
+        }
         let retry_wait = self.retry_wait.unwrap_or(DEFAULT_RETRY_WAIT);
         if retry_wait.is_zero() {
             return Err(invalid("`retry_wait` must be more than zero"));
@@ -185,6 +221,7 @@ impl LockOptions {
             timeout: self.timeout,
             reentrant: self.reentrant,
             fencing: self.fencing,
+            hold_at_least: self.hold_at_least,
         })
     }
 }
@@ -213,8 +250,11 @@ impl fmt::Debug for LockOptions {
             }
         }
         s.field("reentrant", &self.reentrant)
-            .field("fencing", &self.fencing)
-            .finish()
+            .field("fencing", &self.fencing);
+        if let Some(window) = self.hold_at_least {
+            s.field("hold_at_least", &window);
+        }
+        s.finish()
     }
 }
 
@@ -249,6 +289,7 @@ pub(crate) struct Plan {
     pub(crate) timeout: Option<Duration>,
     pub(crate) reentrant: bool,
     pub(crate) fencing: bool,
+    pub(crate) hold_at_least: Option<Duration>,
 }
 
 #[cfg(test)]
@@ -299,5 +340,15 @@ mod tests {
             .lease(Duration::from_secs(1))
             .max_hold(Duration::from_secs(9));
         assert!(reason(no_watchdog).contains("max_hold"));
+        assert!(reason(LockOptions::new().hold_at_least(Duration::ZERO)).contains("at least 1 ms"));
+        let window_past_the_lease = LockOptions::new()
+            .lease(Duration::from_secs(1))
+            .hold_at_least(Duration::from_secs(2));
+        assert!(reason(window_past_the_lease).contains("longer than the fixed lease"));
+        let renewed = LockOptions::new()
+            .lease(Duration::from_secs(1))
+            .watchdog(true)
+            .hold_at_least(Duration::from_secs(2));
+        assert!(renewed.plan("k").is_ok());
     }
 }

@@ -17,6 +17,7 @@ mod redlock;
 mod secured;
 mod sentinel;
 mod waiting;
+mod window;
 
 /// A connection for the tests' own reads and writes on `redis`.
 pub(crate) async fn data(redis: &lock_tests::RedisServer) -> redis::aio::MultiplexedConnection {

@@ -128,6 +128,16 @@ async fn reenter(
                 .to_owned(),
         });
     }
+    if let Some(window) = plan.hold_at_least
+        && !level.hold.holds_until(Instant::now() + window)
+    {
+        return Err(LockError::InvalidOptions {
+            key: name.key.clone(),
+            reason: "the lock is already held here without a `hold_at_least` window that long, \
+                     so re-entering it cannot keep one; ask for it where the lock is first taken"
+                .to_owned(),
+        });
+    }
     let sections = level.sections.clone();
     let turn = if plan.spin {
         tokio::time::timeout_at(deadline, sections.lock_owned())

@@ -233,18 +233,27 @@ impl Backend {
         }
     }
 
-    /// Frees `name` if `token` holds it; the request completes on `runtime` even if
-    /// the caller goes, and then `after` sees what it did.
+    /// Frees `name` if `token` holds it, or with `keep`, leaves it held by nobody for
+    /// that long; the request completes on `runtime` even if the caller goes, and
+    /// then `after` sees what it did.
     pub(crate) fn release_finishing(
         self: &Arc<Self>,
         runtime: &Handle,
         name: Arc<LockName>,
         token: Arc<str>,
+        keep: Option<Duration>,
         after: impl FnOnce(&Result<Released, LockError>) + Send + 'static,
     ) -> Finishing<Result<Released, LockError>, NothingMore> {
         let backend = self.clone();
         let request = async move {
-            let released = backend.release(&name, &token).await;
+            let released = match keep {
+                Some(keep) => match backend.renew(&name, &token, keep).await {
+                    Ok(true) => Ok(Released::Freed),
+                    Ok(false) => Ok(Released::NotHeld),
+                    Err(error) => Err(error),
+                },
+                None => backend.release(&name, &token).await,
+            };
             after(&released);
             released
         };

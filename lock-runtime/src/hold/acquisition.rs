@@ -28,6 +28,8 @@ pub(crate) struct Acquisition {
     pub(super) acquired_at: Instant,
     pub(super) watchdog_lease: Option<Duration>,
     pub(super) max_hold: Option<Duration>,
+    /// A release before this leaves the lock in Redis until then (`hold_at_least`).
+    pub(super) hold_until: Option<Instant>,
     pub(super) care: Mutex<Care>,
     pub(super) runtime: Handle,
     turn: Mutex<Option<ClientTurn>>,
@@ -56,6 +58,7 @@ impl Acquisition {
             acquired_at: grant.sent_at,
             watchdog_lease: plan.watchdog.then_some(plan.lease),
             max_hold: plan.max_hold,
+            hold_until: plan.hold_at_least.map(|window| Instant::now() + window),
             care: Mutex::new(Care::Ended),
             runtime: Handle::current(),
             turn: Mutex::new(Some(grant.turn)),
@@ -99,6 +102,8 @@ impl Acquisition {
             && self.watchdog_lease == Some(plan.lease)
             && plan.max_hold.is_none()
             && self.max_hold.is_none()
+            && plan.hold_at_least.is_none()
+            && self.hold_until.is_none()
             && (!plan.fencing || self.counter.is_some());
         if !fits {
             return Err(turn);
@@ -154,9 +159,10 @@ impl Acquisition {
         Ending::Releasing(self.release(turn))
     }
 
-    /// Stops renewing, then frees the lock in Redis, finishing even if the caller
-    /// goes, and passes `turn` on to the next task of this client once the lock is
-    /// freed or passed to another client's waiter. The delete is
+    /// Stops renewing, then frees the lock in Redis (or, within a `hold_at_least`
+    /// window, leaves it to expire when the window ends), finishing even if the
+    /// caller goes, and passes `turn` on to the next task of this client once the
+    /// lock is freed or passed to another client's waiter. The delete is
     /// scoped to the token, so it is sent even after a loss, in case a renewal that
     /// timed out here was applied.
     pub(super) fn release(
@@ -170,6 +176,10 @@ impl Acquisition {
             Care::Ended => {}
         }
         self.lease.end();
+        let keep = self
+            .hold_until
+            .and_then(|until| until.checked_duration_since(Instant::now()))
+            .filter(|keep| *keep >= Duration::from_millis(1));
         let (name, token) = (self.name.clone(), self.token.clone());
         let key = name.clone();
         let pass_turn = move |released: &Result<Released, LockError>| {
@@ -180,7 +190,7 @@ impl Acquisition {
         };
         self.holds
             .backend
-            .release_finishing(&self.runtime, name, token, pass_turn)
+            .release_finishing(&self.runtime, name, token, keep, pass_turn)
     }
 
     /// Within the client's bounds, on a store where hand-off is sound, and with a
@@ -191,6 +201,7 @@ impl Acquisition {
             && handed_on < u32::from(most)
             && self.acquired_at.elapsed() < within
             && self.watchdog_lease.is_some()
+            && self.hold_until.is_none()
             && self.lease.is_valid()
     }
 }

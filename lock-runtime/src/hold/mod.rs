@@ -134,6 +134,11 @@ impl Hold {
         self.fence
     }
 
+    /// Whether a release keeps the lock until at least `until`.
+    pub(crate) fn holds_until(&self, until: Instant) -> bool {
+        self.acquisition.hold_until.is_some_and(|end| end >= until)
+    }
+
     pub(crate) fn is_held(&self) -> bool {
         !self.over.load(Ordering::Acquire) && self.acquisition.lease.is_valid()
     }

@@ -39,6 +39,17 @@ async fn capped_watchdog() -> Result<(), LockError> {
     Ok(())
 }
 
+// Once per window: with the watchdog, and within a fixed lease.
+#[distributed_lock(spin = false, hold_at_least_ms = 60_000)]
+async fn once_a_minute() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(spin = false, expire_ms = 90_000, hold_at_least_ms = 60_000)]
+async fn once_a_minute_within_a_lease() -> Result<(), LockError> {
+    Ok(())
+}
+
 #[distributed_lock(timeout_ms = 500)]
 async fn deadline_only() -> Result<(), LockError> {
     Ok(())
