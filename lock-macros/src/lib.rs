@@ -5,6 +5,8 @@
 //! The crate reads as parse (`attr` for the options, `item` for the fn), validate
 //! (`valid`), expand (`expand`).
 
+#![warn(missing_docs)]
+
 mod attr;
 mod expand;
 mod item;

@@ -38,22 +38,22 @@ pub struct Holding {
     pub fence: Option<u64>,
 }
 
-/// What a history shows went wrong.
+/// What a history shows went wrong. The holdings are boxed to keep `Result`s small.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Violation {
     /// Two holders of one key held it at once.
     Overlap {
         /// The one that took the lock first.
-        first: Holding,
+        first: Box<Holding>,
         /// The one that took it before the first had let go.
-        second: Holding,
+        second: Box<Holding>,
     },
     /// A later acquisition of a key carried a token no larger than an earlier one.
     TokenOrder {
         /// The earlier holding.
-        earlier: Holding,
+        earlier: Box<Holding>,
         /// The later holding, whose token should have been larger.
-        later: Holding,
+        later: Box<Holding>,
     },
 }
 
@@ -105,16 +105,16 @@ impl History {
                 let (earlier, later) = (pair[0], pair[1]);
                 if later.from < earlier.until {
                     return Err(Violation::Overlap {
-                        first: earlier.clone(),
-                        second: later.clone(),
+                        first: Box::new(earlier.clone()),
+                        second: Box::new(later.clone()),
                     });
                 }
                 if let (Some(before), Some(after)) = (earlier.fence, later.fence)
                     && after <= before
                 {
                     return Err(Violation::TokenOrder {
-                        earlier: earlier.clone(),
-                        later: later.clone(),
+                        earlier: Box::new(earlier.clone()),
+                        later: Box::new(later.clone()),
                     });
                 }
             }

@@ -190,4 +190,143 @@ mod tests {
             Err(LockError::InvalidKey { .. })
         ));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Short text over `alphabet`, so that near-collisions come up often.
+        fn text_of(alphabet: &[char]) -> impl Strategy<Value = String> + use<> {
+            prop::collection::vec(prop::sample::select(alphabet.to_vec()), 0..6)
+                .prop_map(|chars| chars.into_iter().collect())
+        }
+
+        /// The characters the part escaping cares about, and some that it does not.
+        fn text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                text_of(&['a', ':', '\\']),
+                text_of(&['a', ':', '\\', '{', '}', '%', 'é', '锁', '🔒', ' ']),
+            ]
+        }
+
+        /// The characters the hash tag encoding cares about.
+        fn tag_text() -> impl Strategy<Value = String> {
+            text_of(&['{', '}', '%', '7', 'B', 'D', '2', '5', ':'])
+        }
+
+        fn key(prefix: &str, parts: &[String]) -> LockKey {
+            parts
+                .iter()
+                .fold(LockKey::new(prefix), |key, part| key.part(part))
+        }
+
+        /// The parts back from a key of `prefix`: a left inverse of `key`, which
+        /// proves that distinct tuples give distinct keys.
+        fn parts_of(key: &str, prefix: &str) -> Vec<String> {
+            let mut parts = Vec::new();
+            let mut chars = key.strip_prefix(prefix).unwrap().chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    ':' => parts.push(String::new()),
+                    '\\' => parts.last_mut().unwrap().extend(chars.next()),
+                    c => parts.last_mut().unwrap().push(c),
+                }
+            }
+            parts
+        }
+
+        /// The key back from a lock's hash tag, undoing the percent-encoding.
+        fn key_of_tag(hash: &str) -> String {
+            let tag = hash
+                .strip_prefix("lock:{")
+                .unwrap()
+                .strip_suffix('}')
+                .unwrap();
+            let mut key = String::new();
+            let mut rest = tag;
+            while let Some(at) = rest.find('%') {
+                key.push_str(&rest[..at]);
+                key.push(match &rest[at..at + 3] {
+                    "%25" => '%',
+                    "%7B" => '{',
+                    "%7D" => '}',
+                    other => panic!("`{other}` is not an encoding"),
+                });
+                rest = &rest[at + 3..];
+            }
+            key.push_str(rest);
+            key
+        }
+
+        /// The Cluster slot of a Redis key: CRC16 (XMODEM) of the hash tag, the text
+        /// between the first `{` and the next `}`, if not empty; else of the whole key.
+        fn slot(name: &str) -> u16 {
+            let bytes = name.as_bytes();
+            let hashed = bytes
+                .iter()
+                .position(|&b| b == b'{')
+                .and_then(|open| {
+                    let len = bytes[open + 1..].iter().position(|&b| b == b'}')?;
+                    (len > 0).then(|| &bytes[open + 1..open + 1 + len])
+                })
+                .unwrap_or(bytes);
+            let mut crc: u16 = 0;
+            for &byte in hashed {
+                crc ^= u16::from(byte) << 8;
+                for _ in 0..8 {
+                    crc = if crc & 0x8000 != 0 {
+                        (crc << 1) ^ 0x1021
+                    } else {
+                        crc << 1
+                    };
+                }
+            }
+            crc % 16384
+        }
+
+        #[test]
+        fn the_slot_function_matches_redis() {
+            // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+            assert_eq!(slot("123456789"), 0x31C3);
+            assert_eq!(slot("foo"), 12182);
+            assert_eq!(slot("{user1000}.following"), slot("user1000"));
+            assert_ne!(slot("foo{}{bar}"), slot("bar"));
+        }
+
+        proptest! {
+            #[test]
+            fn distinct_tuples_give_distinct_keys(
+                prefix in text(),
+                a in prop::collection::vec(text(), 0..4),
+                b in prop::collection::vec(text(), 0..4),
+            ) {
+                prop_assume!(a != b);
+                prop_assert_ne!(key(&prefix, &a), key(&prefix, &b));
+                prop_assert_eq!(parts_of(&key(&prefix, &a), &prefix), a);
+            }
+
+            #[test]
+            fn every_name_of_a_lock_shares_one_slot(
+                prefix in prop_oneof![text(), tag_text()],
+                parts in prop::collection::vec(prop_oneof![text(), tag_text()], 0..4),
+            ) {
+                let key = key(&prefix, &parts);
+                prop_assume!(!key.is_empty());
+                let name = LockName::new(&key).unwrap();
+                let slot_of_lock = slot(&name.hash);
+                let grant = format!("{}{}", name.grants, "client-7");
+                for redis_name in [&name.fence, &name.channel, &name.queue, &grant] {
+                    prop_assert_eq!(slot(redis_name), slot_of_lock, "{}", redis_name);
+                }
+            }
+
+            #[test]
+            fn distinct_keys_get_distinct_names(a in tag_text(), b in tag_text()) {
+                prop_assume!(a != b && !a.is_empty() && !b.is_empty());
+                let name = LockName::new(&a).unwrap();
+                prop_assert_eq!(key_of_tag(&name.hash), a);
+                prop_assert_ne!(name.hash, LockName::new(&b).unwrap().hash);
+            }
+        }
+    }
 }

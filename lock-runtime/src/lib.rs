@@ -38,6 +38,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// The README's code blocks, compiled as doctests of this crate (`README.md` here is a
+// symlink to the workspace's, which `cargo package` copies). Blocks marked `ignore`
+// need what a doctest of this crate does not have: the attribute block needs axum and
+// serde, the shutdown block a whole server, the TLS block the `tls` feature.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// What `#[distributed_lock]` expands to. Not a public API: it may change in any release.
 #[doc(hidden)]
 #[path = "attribute.rs"]

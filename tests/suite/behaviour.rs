@@ -35,8 +35,8 @@ pub(crate) struct Fixture {
 enum Servers {
     None,
     MoreMasters(Vec<RedisServer>),
-    Cluster(RedisCluster),
-    Sentinel(SentinelGroup),
+    Cluster(Box<RedisCluster>),
+    Sentinel(Box<SentinelGroup>),
 }
 
 impl Fixture {
@@ -46,8 +46,10 @@ impl Fixture {
             Topology::Redlock => {
                 Servers::MoreMasters((1..5).map(|_| RedisServer::start()).collect())
             }
-            Topology::Cluster => Servers::Cluster(RedisCluster::start()),
-            Topology::Sentinel => Servers::Sentinel(SentinelGroup::start(Duration::from_secs(1))),
+            Topology::Cluster => Servers::Cluster(Box::new(RedisCluster::start())),
+            Topology::Sentinel => {
+                Servers::Sentinel(Box::new(SentinelGroup::start(Duration::from_secs(1))))
+            }
         };
         let memory = LockClient::memory();
         let mut fixture = Fixture {

@@ -162,11 +162,12 @@ fn an_eviction_policy_that_could_free_locks_is_warned_of() {
     assert_eq!(policies, ["allkeys-lru"], "{events:?}");
 }
 
+/// Metric values by name, shared with the recorder that counts them.
+type Counts = Arc<Mutex<HashMap<String, u64>>>;
+
 /// Runs `work` on a runtime of this thread, under a subscriber and a recorder of its
 /// own; returns the closed spans, the events and the metrics it saw.
-fn observed(
-    work: impl Future<Output = ()>,
-) -> (Vec<Seen>, Vec<Seen>, Arc<Mutex<HashMap<String, u64>>>) {
+fn observed(work: impl Future<Output = ()>) -> (Vec<Seen>, Vec<Seen>, Counts) {
     let subscriber = Collector::default();
     let seen = subscriber.seen.clone();
     let recorder = Counting::default();
@@ -301,12 +302,12 @@ impl Subscriber for Collector {
 /// Counts counter increments and histogram records by name and labels.
 #[derive(Default)]
 struct Counting {
-    values: Arc<Mutex<HashMap<String, u64>>>,
+    values: Counts,
 }
 
 struct Count {
     name: String,
-    values: Arc<Mutex<HashMap<String, u64>>>,
+    values: Counts,
 }
 
 impl Count {

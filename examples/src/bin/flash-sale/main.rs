@@ -94,7 +94,7 @@ async fn main() -> Result<(), LockError> {
 
     let (requests, concurrency) = (setting("REQUESTS", 2000), setting("CONCURRENCY", 1000));
     println!("{requests} purchase requests, {concurrency} at a time, for {stock} items of {SKU}");
-    let outcome = load::drive(&[base.clone()], SKU, requests, concurrency).await;
+    let outcome = load::drive(std::slice::from_ref(&base), SKU, requests, concurrency).await;
     let left: i64 = reqwest::get(format!("{base}/stock/{SKU}"))
         .await
         .and_then(|response| response.error_for_status())
