@@ -4,13 +4,18 @@
 //! epoch, `held` being `is_held()` at the section's end (read after `until`, so a
 //! yes covers it).
 //!
-//! Usage: `chaos-worker <redis url> <keys,comma,separated> <tasks per key> <run ms>`
+//! Usage: `chaos-worker <keys,comma,separated> <tasks per key> <run ms> <topology>`,
+//! the topology being one of `redis <url>`, `cluster <url,url,..>`,
+//! `sentinel <sentinel url,url,..> <primary name>` or `redlock <url,url,..>`.
 
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_runtime::{ClientConfig, LockClient, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
 use tokio::time::Instant;
+
+const USAGE: &str = "usage: chaos-worker <keys> <tasks per key> <run ms> \
+                     (redis <url> | cluster <urls> | sentinel <urls> <primary name> | redlock <urls>)";
 
 fn nanos_now() -> u128 {
     SystemTime::now()
@@ -19,11 +24,27 @@ fn nanos_now() -> u128 {
         .as_nanos()
 }
 
+async fn connect(topology: &[String], config: ClientConfig) -> Result<LockClient, LockError> {
+    let urls = |urls: &str| urls.split(',').map(str::to_owned).collect::<Vec<_>>();
+    match topology {
+        [kind, url] if kind == "redis" => LockClient::connect_with(url, config).await,
+        [kind, list] if kind == "cluster" => LockClient::cluster_with(urls(list), config).await,
+        [kind, list, name] if kind == "sentinel" => {
+            LockClient::sentinel_with(urls(list), name, config).await
+        }
+        [kind, list] if kind == "redlock" => LockClient::redlock_with(urls(list), config).await,
+        _ => {
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [url, keys, tasks, run_ms] = args.as_slice() else {
-        eprintln!("usage: chaos-worker <redis url> <keys> <tasks per key> <run ms>");
+    let [keys, tasks, run_ms, topology @ ..] = args.as_slice() else {
+        eprintln!("{USAGE}");
         std::process::exit(2);
     };
     let tasks: usize = tasks.parse().expect("tasks per key");
@@ -33,7 +54,7 @@ async fn main() {
     let config = ClientConfig::new().command_timeout(Duration::from_millis(200));
     // Started during the faults, a worker may find Redis frozen: it tries again.
     let client = loop {
-        match LockClient::connect_with(url, config.clone()).await {
+        match connect(topology, config.clone()).await {
             Ok(client) => break client,
             Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;

@@ -5,7 +5,15 @@
 //! another asked for the lock has the smaller token, lost sections included; and
 //! every key makes progress once the faults stop.
 //!
-//! At least 10,000 sections by default; `LOCK_CHAOS_SECTIONS=100000` runs more.
+//! It runs on every topology that crosses processes: one Redis, a 3+3 Cluster, a
+//! Sentinel group and Redlock over 5 masters (the memory store lives in one process,
+//! so it has no place here). Freezing Redis means: the server on one Redis; the
+//! primary serving the keys' slot on Cluster; the primary on Sentinel, for less than
+//! the Sentinels' down-after, since a failover may lose an unreplicated lock by design;
+//! a minority, 2 of 5, of the masters on Redlock.
+//!
+//! At least 10,000 sections by default on one Redis, 5,000 on Cluster and Sentinel,
+//! 2,000 on Redlock, and nine faults; `LOCK_CHAOS_SECTIONS=100000` runs more.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -13,10 +21,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::history::{History, Holding};
-use lock_tests::RedisServer;
+use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
 use tokio::time::Instant;
 
-const KEYS: [&str; 3] = ["chaos:a", "chaos:b", "chaos:c"];
+/// In one hash slot, so that freezing one Cluster primary freezes all of them.
+const KEYS: [&str; 3] = ["{chaos}:a", "{chaos}:b", "{chaos}:c"];
 const WORKERS: usize = 4;
 const TASKS_PER_KEY: usize = 2;
 /// Longer than the workers' 300 ms lease, so a paused holder loses its lock.
@@ -43,14 +52,14 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(number: usize, redis: &RedisServer, sections: &Sections) -> Worker {
+    fn start(number: usize, topology: &[String], sections: &Sections) -> Worker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_chaos-worker"))
             .args([
-                redis.url(),
                 KEYS.join(","),
                 TASKS_PER_KEY.to_string(),
                 AT_MOST.as_millis().to_string(),
             ])
+            .args(topology)
             .stdout(Stdio::piped())
             .spawn()
             .expect("start a chaos worker");
@@ -137,23 +146,94 @@ fn count(sections: &Sections) -> usize {
     sections.lock().unwrap().len()
 }
 
+/// The servers of one topology, kept alive for the run.
+enum Servers {
+    Redis(RedisServer),
+    Cluster(RedisCluster),
+    Sentinel(SentinelGroup),
+    Redlock(Vec<RedisServer>),
+}
+
+impl Servers {
+    /// The worker's arguments that name this topology.
+    fn worker_args(&self) -> Vec<String> {
+        let list = |servers: &[RedisServer]| {
+            servers
+                .iter()
+                .map(RedisServer::url)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match self {
+            Servers::Redis(redis) => vec!["redis".into(), redis.url()],
+            Servers::Cluster(cluster) => vec!["cluster".into(), cluster.urls().join(",")],
+            Servers::Sentinel(group) => vec![
+                "sentinel".into(),
+                group.sentinel_urls().join(","),
+                group.name.into(),
+            ],
+            Servers::Redlock(masters) => vec!["redlock".into(), list(masters)],
+        }
+    }
+
+    /// The servers a Redis fault freezes.
+    fn to_freeze(&self) -> Vec<&RedisServer> {
+        match self {
+            Servers::Redis(redis) => vec![redis],
+            Servers::Cluster(cluster) => {
+                let slot: u16 = redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(KEYS[0])
+                    .query(&mut cluster.primaries()[0].connection())
+                    .expect("CLUSTER KEYSLOT");
+                vec![cluster.primary_for(slot)]
+            }
+            Servers::Sentinel(group) => vec![&group.primary],
+            Servers::Redlock(masters) => masters[..2].iter().collect(),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn held_sections_never_overlap_and_tokens_grow_under_faults() {
+async fn one_redis_keeps_sections_apart_and_tokens_growing_under_faults() {
+    run(Servers::Redis(RedisServer::start()), 10_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_keeps_sections_apart_and_tokens_growing_under_faults() {
+    run(Servers::Cluster(RedisCluster::start()), 5_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_keeps_sections_apart_and_tokens_growing_under_faults() {
+    // Far above `FAULT`: a frozen primary is never failed over.
+    let group = SentinelGroup::start(Duration::from_secs(5));
+    run(Servers::Sentinel(group), 5_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_keeps_sections_apart_and_tokens_growing_under_faults() {
+    let masters = (0..5).map(|_| RedisServer::start()).collect();
+    run(Servers::Redlock(masters), 2_000).await;
+}
+
+async fn run(servers: Servers, default_target: usize) {
     let target: usize = std::env::var("LOCK_CHAOS_SECTIONS")
         .ok()
         .and_then(|sections| sections.parse().ok())
-        .unwrap_or(10_000);
+        .unwrap_or(default_target);
     let started = Instant::now();
-    let redis = RedisServer::start();
+    let topology = servers.worker_args();
+    let frozen = servers.to_freeze();
     let sections: Sections = Arc::default();
     let mut workers: Vec<Worker> = (0..WORKERS)
-        .map(|number| Worker::start(number, &redis, &sections))
+        .map(|number| Worker::start(number, &topology, &sections))
         .collect();
     let mut next_worker = WORKERS;
 
     // Faults, one kind after another, until most of the sections are done.
     let mut faults = 0;
-    while faults < 6 || count(&sections) < target * 4 / 5 {
+    while faults < 9 || count(&sections) < target * 4 / 5 {
         assert!(started.elapsed() < AT_MOST / 2, "too slow under faults");
         let victim = faults % workers.len();
         match faults % 3 {
@@ -163,13 +243,13 @@ async fn held_sections_never_overlap_and_tokens_grow_under_faults() {
                 workers[victim].signal("-CONT");
             }
             1 => {
-                workers[victim] = Worker::start(next_worker, &redis, &sections);
+                workers[victim] = Worker::start(next_worker, &topology, &sections);
                 next_worker += 1;
             }
             _ => {
-                redis.freeze();
+                frozen.iter().for_each(|server| server.freeze());
                 tokio::time::sleep(FAULT).await;
-                redis.thaw();
+                frozen.iter().for_each(|server| server.thaw());
             }
         }
         faults += 1;
@@ -215,7 +295,8 @@ async fn held_sections_never_overlap_and_tokens_grow_under_faults() {
     check_token_order(&sections);
     let lost = sections.len() - held;
     eprintln!(
-        "chaos: {} sections ({held} held to the end, {lost} lost), {faults} faults, {} workers, {:.1} s",
+        "chaos {}: {} sections ({held} held to the end, {lost} lost), {faults} faults, {} workers, {:.1} s",
+        topology[0],
         sections.len(),
         next_worker,
         started.elapsed().as_secs_f64()
