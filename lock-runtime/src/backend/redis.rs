@@ -177,20 +177,9 @@ impl RedisNode {
         token: &str,
         waiters: Waiters,
     ) -> Result<Released, LockError> {
-        let mode = match waiters {
-            Waiters::Queue => "queue",
-            Waiters::Broadcast => "broadcast",
-            Waiters::None => "none",
-        };
         let mut invocation = RELEASE.key(&name.hash);
-        invocation
-            .key(&name.queue)
-            .arg(token)
-            .arg(mode)
-            .arg(lease_ms(CLAIM_WINDOW))
-            .arg(&name.grants)
-            .arg(&name.channel)
-            .arg(self.target.publish_command());
+        invocation.key(&name.queue).arg(token);
+        self.telling(&mut invocation, name, waiters);
         let freed: u64 = self.invoke_idempotent(name, &invocation).await?;
         Ok(match freed {
             0 => Released::NotHeld,
@@ -217,20 +206,31 @@ impl RedisNode {
         name: &LockName,
         waiters: Waiters,
     ) -> Result<bool, LockError> {
+        let mut invocation = FORCE_UNLOCK.key(&name.hash);
+        invocation.key(&name.queue);
+        self.telling(&mut invocation, name, waiters);
+        let freed: u64 = self.invoke_idempotent(name, &invocation).await?;
+        Ok(freed == 1)
+    }
+
+    /// The arguments by which a script that frees a lock tells `waiters` of it.
+    fn telling<'a>(
+        &self,
+        invocation: &mut ScriptInvocation<'a>,
+        name: &'a LockName,
+        waiters: Waiters,
+    ) {
         let mode = match waiters {
             Waiters::Queue => "queue",
-            Waiters::Broadcast | Waiters::None => "broadcast",
+            Waiters::Broadcast => "broadcast",
+            Waiters::None => "none",
         };
-        let mut invocation = FORCE_UNLOCK.key(&name.hash);
         invocation
-            .key(&name.queue)
             .arg(mode)
             .arg(lease_ms(CLAIM_WINDOW))
             .arg(&name.grants)
             .arg(&name.channel)
             .arg(self.target.publish_command());
-        let freed: u64 = self.invoke_idempotent(name, &invocation).await?;
-        Ok(freed == 1)
     }
 
     pub(crate) async fn renew(

@@ -1,5 +1,5 @@
 -- KEYS[1] lock, KEYS[2] queue of waiting acquisitions
--- ARGV[1] who hears of it: 'queue' or 'broadcast' (as for release.lua), ARGV[2] claim
+-- ARGV[1] who hears of it: 'queue', 'broadcast' or 'none' (as for release.lua), ARGV[2] claim
 -- window ms, ARGV[3] grant channels' prefix, ARGV[4] release channel, ARGV[5]
 -- publish command
 -- For operators: frees the lock whoever holds it, a lock left by an older version
@@ -11,7 +11,7 @@ if redis.call('DEL', lock) == 0 then
 end
 if waiters == 'queue' then
   pass_to_first_waiter(lock, queue, ARGV[2], ARGV[3], ARGV[5])
-else
+elseif waiters == 'broadcast' then
   redis.call(ARGV[5], ARGV[4], '')
 end
 return 1
