@@ -1,0 +1,268 @@
+//! Semaphores (`permits(n)`): up to n holders of a key at once, across clients and
+//! processes, each with a lease of its own; refused on Redlock.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, LockOptions};
+use lock_tests::RedisServer;
+use tokio::time::Instant;
+
+use crate::behaviour::{Fixture, Topology, on_every_backend};
+
+on_every_backend!(
+    a_semaphore_never_has_more_holders_than_permits,
+    every_holder_of_a_key_must_agree_on_its_kind,
+    a_released_permit_wakes_a_waiting_client,
+    a_permit_whose_lease_ends_is_lost_and_returns,
+);
+
+/// Holders in a section now, and the most seen at once.
+#[derive(Default)]
+struct Inside {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Inside {
+    fn enter(&self) {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+    }
+
+    fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn refused_on_redlock(result: Result<impl std::fmt::Debug, LockError>) {
+    match result {
+        Err(LockError::InvalidOptions { reason, .. }) => assert!(reason.contains("Redlock")),
+        other => panic!("a semaphore on Redlock: {other:?}"),
+    }
+}
+
+async fn a_semaphore_never_has_more_holders_than_permits(fixture: Fixture) {
+    const PERMITS: u32 = 3;
+    let options = LockOptions::new()
+        .permits(PERMITS)
+        .timeout(Duration::from_secs(60));
+    if fixture.topology == Topology::Redlock {
+        return refused_on_redlock(fixture.client.acquire("exports", &options).await);
+    }
+    let inside = Arc::new(Inside::default());
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let client = fixture.connect().await;
+        for _ in 0..4 {
+            let (client, inside, options) = (client.clone(), inside.clone(), options.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..15 {
+                    let permit = client.acquire("exports", &options).await.unwrap();
+                    inside.enter();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    inside.leave();
+                    permit.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let most = inside.most.load(Ordering::SeqCst);
+    assert!(
+        most <= PERMITS as usize,
+        "{most} holders of {PERMITS} permits"
+    );
+    assert_eq!(most, PERMITS as usize, "the permits were never all in use");
+}
+
+async fn every_holder_of_a_key_must_agree_on_its_kind(fixture: Fixture) {
+    let three = LockOptions::new().permits(3);
+    if fixture.topology == Topology::Redlock {
+        return refused_on_redlock(fixture.client.try_acquire("jobs", &three).await);
+    }
+    let permit = fixture.client.acquire("jobs", &three).await.unwrap();
+    let reason = |result: Result<Option<_>, LockError>| match result {
+        Err(LockError::InvalidOptions { key, reason, .. }) => {
+            assert_eq!(key, "jobs");
+            reason
+        }
+        other => panic!("expected InvalidOptions, got {other:?}"),
+    };
+    for client in [&fixture.client, &fixture.other] {
+        let two = reason(
+            client
+                .try_acquire("jobs", &LockOptions::new().permits(2))
+                .await,
+        );
+        assert!(
+            two.contains("3 permits") && two.contains("2 permits"),
+            "{two}"
+        );
+        let lock = reason(client.try_acquire("jobs", &LockOptions::new()).await);
+        assert!(
+            lock.contains("3 permits") && lock.contains("a lock"),
+            "{lock}"
+        );
+        let shared = LockOptions::new().shared(true);
+        let shared = reason(client.try_acquire("jobs", &shared).await);
+        assert!(shared.contains("a shared lock"), "{shared}");
+    }
+    permit.release().await.unwrap();
+
+    let lock = fixture.hold_elsewhere("jobs", LockOptions::new()).await;
+    let spinning = LockOptions::new()
+        .permits(3)
+        .timeout(Duration::from_secs(1));
+    let semaphore = reason(fixture.client.acquire("jobs", &spinning).await.map(Some));
+    assert!(semaphore.contains("held as a lock"), "{semaphore}");
+    lock.release().await.unwrap();
+    let once_free = fixture.client.try_acquire("jobs", &three).await.unwrap();
+    assert!(
+        once_free.is_some(),
+        "n lives in the store only while someone holds it"
+    );
+}
+
+async fn a_released_permit_wakes_a_waiting_client(fixture: Fixture) {
+    if fixture.topology == Topology::Redlock {
+        return;
+    }
+    let two = LockOptions::new().permits(2);
+    let first = fixture.client.acquire("slots", &two).await.unwrap();
+    let second = fixture.client.acquire("slots", &two).await.unwrap();
+    // Woken by the release, not by a pause between attempts.
+    let patient = two
+        .clone()
+        .retry_wait(Duration::from_secs(5))
+        .timeout(Duration::from_secs(8));
+    let other = fixture.other.clone();
+    let waiter = tokio::spawn(async move {
+        let permit = other.acquire("slots", &patient).await.unwrap();
+        (Instant::now(), permit)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "a third holder of two permits");
+    let released_at = Instant::now();
+    first.release().await.unwrap();
+    let (got_at, third) = waiter.await.unwrap();
+    let waited = got_at - released_at;
+    assert!(
+        waited < Duration::from_secs(1),
+        "woken {waited:?} after the release"
+    );
+    second.release().await.unwrap();
+    third.release().await.unwrap();
+}
+
+async fn a_permit_whose_lease_ends_is_lost_and_returns(fixture: Fixture) {
+    if fixture.topology == Topology::Redlock {
+        return;
+    }
+    let lease = Duration::from_millis(300);
+    let two = LockOptions::new().permits(2);
+    let expiring = fixture
+        .client
+        .acquire("slots", &two.clone().lease(lease))
+        .await
+        .unwrap();
+    let kept = fixture.client.acquire("slots", &two).await.unwrap();
+    assert!(
+        fixture
+            .other
+            .try_acquire("slots", &two)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    tokio::time::timeout(lease * 2, expiring.lost())
+        .await
+        .expect("lost() completes when the lease ends");
+    assert!(!expiring.is_held());
+    // The guard counts itself lost a drift allowance before the store's lease ends.
+    let returned = two.retry_wait(Duration::from_millis(5)).timeout(lease);
+    let returned = fixture.other.acquire("slots", &returned).await;
+    assert!(
+        returned.is_ok(),
+        "the expired permit did not come back: {returned:?}"
+    );
+    assert!(kept.is_held(), "the other permit went with it");
+    assert!(matches!(
+        expiring.release().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    kept.release().await.unwrap();
+}
+
+/// The central claim across processes: three processes of two tasks' worth of
+/// sections each, with two permits, never have three holders inside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_never_hold_more_permits_than_there_are() {
+    let redis = RedisServer::start();
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_family-worker"))
+                .args([&redis.url(), "exports", "60", "permits=2"])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start a worker")
+        })
+        .collect();
+    let mut most = 0;
+    for worker in workers {
+        let output = worker.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "a worker saw an overlap: {said}");
+        let at_once = said.trim().rsplit('=').next().unwrap();
+        most = most.max(at_once.parse::<usize>().unwrap());
+    }
+    assert_eq!(most, 2, "two processes never held the two permits at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holders_permit_returns_after_its_lease() {
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(1500);
+    let hold = || {
+        let mut holder = Command::new(env!("CARGO_BIN_EXE_lock-holder"))
+            .args([&redis.url(), "exports", &lease.as_millis().to_string(), "2"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a holder process");
+        let mut said = String::new();
+        BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut said)
+            .unwrap();
+        assert_eq!(said.trim(), "held");
+        holder
+    };
+    let mut holders = [hold(), hold()];
+    let killed_at = Instant::now();
+    for holder in &mut holders {
+        holder.kill().expect("SIGKILL a holder");
+        holder.wait().unwrap();
+    }
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let two = LockOptions::new().permits(2);
+    assert!(
+        client.try_acquire("exports", &two).await.unwrap().is_none(),
+        "the dead holders' leases still run"
+    );
+    let waiting = two.retry_wait(Duration::from_millis(10)).timeout(lease * 2);
+    let permit = client.acquire("exports", &waiting).await.unwrap();
+    let waited = killed_at.elapsed();
+    assert!(
+        waited >= lease - Duration::from_millis(200),
+        "a permit came back before its lease ended: {waited:?}"
+    );
+    assert!(
+        waited <= lease + Duration::from_millis(500),
+        "a permit came back late: {waited:?}"
+    );
+    permit.release().await.unwrap();
+}
