@@ -71,7 +71,11 @@ impl<H> Queues<H> {
     /// Takes a place at the back of `name`'s line, for a hold of `kind`. When the
     /// line is for a kind that never shares the key with it (a lock and a semaphore,
     /// or semaphores of two sizes), returns the line's kind instead.
-    pub(crate) fn join(self: &Arc<Self>, name: &Arc<LockName>, kind: Kind) -> Result<Place<H>, Kind> {
+    pub(crate) fn join(
+        self: &Arc<Self>,
+        name: &Arc<LockName>,
+        kind: Kind,
+    ) -> Result<Place<H>, Kind> {
         let (capacity, weight) = match kind {
             Kind::Exclusive => (SHARED_AT_ONCE, SHARED_AT_ONCE),
             Kind::Shared => (SHARED_AT_ONCE, 1),
@@ -116,7 +120,11 @@ impl<H> Place<H> {
 
     /// The turn, if it is this place's at once.
     pub(crate) fn try_turn(self) -> Option<Turn<H>> {
-        let turns = self.turns.clone().try_acquire_many_owned(self.weight).ok()?;
+        let turns = self
+            .turns
+            .clone()
+            .try_acquire_many_owned(self.weight)
+            .ok()?;
         Some(self.started(turns))
     }
 

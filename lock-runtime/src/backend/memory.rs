@@ -165,7 +165,13 @@ impl MemoryStore {
     pub(crate) fn lease_left(&self, name: &LockName) -> Option<Duration> {
         let now = Instant::now();
         let state = self.state();
-        let last = state.locks.get(&name.hash)?.leases.values().max().copied()?;
+        let last = state
+            .locks
+            .get(&name.hash)?
+            .leases
+            .values()
+            .max()
+            .copied()?;
         (last > now).then(|| last - now)
     }
 
