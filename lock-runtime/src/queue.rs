@@ -37,8 +37,8 @@ struct Line<H> {
     /// The key's release signals, from when a task of this line first had to wait
     /// until the line empties.
     releases: Option<Subscription>,
-    /// What the last turn handed on to the next.
-    handed: Option<H>,
+    /// What turns that ended handed on to the next, one each.
+    handed: Vec<H>,
 }
 
 /// A task's place in a key's line, from joining it until its turn ends. However it
@@ -88,7 +88,7 @@ impl<H> Queues<H> {
             places: 0,
             holding: 0,
             releases: None,
-            handed: None,
+            handed: Vec::new(),
         });
         let semaphore = |kind| matches!(kind, Kind::Permit(_));
         if line.kind != kind && (semaphore(line.kind) || semaphore(kind)) {
@@ -155,14 +155,14 @@ impl<H> Drop for Place<H> {
 }
 
 impl<H> Turn<H> {
-    /// Leaves `handed` for the next task in line and ends this turn, if a task
-    /// waits and nothing else was left for it; otherwise gives both back.
+    /// Leaves `handed` for the next task in line and ends this turn, if a task waits
+    /// that nothing else was left for; otherwise gives both back.
     pub(crate) fn hand_on(self, handed: H) -> Result<(), (Turn<H>, H)> {
         let place = &self.place;
         let mut lines = place.queues.lines();
         match lines.get_mut(&place.name.hash) {
-            Some(line) if line.places > line.holding && line.handed.is_none() => {
-                line.handed = Some(handed);
+            Some(line) if line.places - line.holding > line.handed.len() => {
+                line.handed.push(handed);
                 drop(lines);
                 Ok(())
             }
@@ -177,7 +177,7 @@ impl<H> Turn<H> {
     pub(crate) fn handed(&self) -> Option<H> {
         let place = &self.place;
         let mut lines = place.queues.lines();
-        lines.get_mut(&place.name.hash)?.handed.take()
+        lines.get_mut(&place.name.hash)?.handed.pop()
     }
 
     /// The signals that concern this client's waiting for the key (a release, or the

@@ -18,6 +18,7 @@ on_every_backend!(
     readers_and_writers_of_many_clients_never_overlap,
     an_exclusive_waiter_is_served_while_shared_holders_keep_arriving,
     reentry_follows_the_ownership_rules,
+    the_watchdog_renews_a_shared_hold,
 );
 
 fn shared() -> LockOptions {
@@ -181,6 +182,23 @@ async fn reentry_follows_the_ownership_rules(fixture: Fixture) {
     // Outside the scope, the same task is another owner: it waits, here for nothing.
     let sibling = locks.try_acquire("catalog", &LockOptions::new()).await;
     assert!(matches!(sibling, Ok(None)), "{sibling:?}");
+    reader.release().await.unwrap();
+}
+
+async fn the_watchdog_renews_a_shared_hold(fixture: Fixture) {
+    let lease = Duration::from_millis(300);
+    let renewed = shared().lease(lease).watchdog(true);
+    let reader = fixture.client.acquire("catalog", &renewed).await.unwrap();
+    tokio::time::sleep(lease * 3).await;
+    assert!(reader.is_held(), "the watchdog let the shared hold go");
+    let writer = fixture
+        .other
+        .try_acquire("catalog", &LockOptions::new())
+        .await;
+    assert!(
+        matches!(writer, Ok(None)),
+        "a writer beside a renewed reader: {writer:?}"
+    );
     reader.release().await.unwrap();
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
 use lock_tests::RedisServer;
 use tokio::time::Instant;
 
@@ -18,6 +18,7 @@ on_every_backend!(
     every_holder_of_a_key_must_agree_on_its_kind,
     a_released_permit_wakes_a_waiting_client,
     a_permit_whose_lease_ends_is_lost_and_returns,
+    the_watchdog_renews_a_permit,
 );
 
 /// Holders in a section now, and the most seen at once.
@@ -197,6 +198,63 @@ async fn a_permit_whose_lease_ends_is_lost_and_returns(fixture: Fixture) {
         Err(LockError::NotHeld { .. })
     ));
     kept.release().await.unwrap();
+}
+
+async fn the_watchdog_renews_a_permit(fixture: Fixture) {
+    if fixture.topology == Topology::Redlock {
+        return;
+    }
+    let lease = Duration::from_millis(300);
+    let two = LockOptions::new().permits(2);
+    let renewed = two.clone().lease(lease).watchdog(true);
+    let permit = fixture.client.acquire("slots", &renewed).await.unwrap();
+    tokio::time::sleep(lease * 3).await;
+    assert!(permit.is_held(), "the watchdog let the permit go");
+    let second = fixture.other.try_acquire("slots", &two).await.unwrap();
+    let third = fixture.other.try_acquire("slots", &two).await.unwrap();
+    assert!(second.is_some(), "the renewed permit took both");
+    assert!(
+        third.is_none(),
+        "the renewed permit was not held in the store"
+    );
+    permit.release().await.unwrap();
+    second.unwrap().release().await.unwrap();
+}
+
+/// Permits pass from task to task of one client with no round trip, each chain
+/// holding one permit, as a lock does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_are_handed_between_tasks_of_a_client() {
+    let redis = RedisServer::start();
+    let config = ClientConfig::new().hand_off(32, Duration::from_secs(10));
+    let client = LockClient::connect_with(&redis.url(), config)
+        .await
+        .unwrap();
+    let two = LockOptions::new().permits(2);
+    let first = client.acquire("slots", &two).await.unwrap();
+    let second = client.acquire("slots", &two).await.unwrap();
+    let inside = Arc::new(Inside::default());
+    let mut waiting = Vec::new();
+    for _ in 0..6 {
+        let (client, two, inside) = (client.clone(), two.clone(), inside.clone());
+        waiting.push(tokio::spawn(async move {
+            let permit = client.acquire("slots", &two).await.unwrap();
+            inside.enter();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            inside.leave();
+            permit.release().await.unwrap();
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let calls = redis.lock_calls();
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+    for task in waiting {
+        task.await.unwrap();
+    }
+    assert!(inside.most.load(Ordering::SeqCst) <= 2);
+    // The two chains end with one release each.
+    assert_eq!(redis.lock_calls() - calls, 2, "a hand-off went to Redis");
 }
 
 /// The central claim across processes: three processes of two tasks' worth of
