@@ -49,6 +49,8 @@ pub struct LockOptions {
     reentrant: bool,
     fencing: bool,
     hold_at_least: Option<Duration>,
+    permits: u32,
+    shared: bool,
 }
 
 impl Default for LockOptions {
@@ -64,6 +66,8 @@ impl Default for LockOptions {
             reentrant: true,
             fencing: false,
             hold_at_least: None,
+            permits: 1,
+            shared: false,
         }
     }
 }
@@ -158,6 +162,32 @@ impl LockOptions {
         self
     }
 
+    /// A semaphore: up to `permits` holders of the key at once, each with a lease of
+    /// its own, renewed and lost as a lock's is. Every holder of one key must ask for
+    /// the same number; a caller that disagrees, or takes the key as a lock, gets
+    /// `InvalidOptions`. `1`, the default, is a lock. Refused on Redlock, where
+    /// majorities that overlap in no master could grant more permits than there are.
+    ///
+    /// ```
+    /// use lock_runtime::LockOptions;
+    ///
+    /// let five_exports = LockOptions::new().permits(5);
+    /// # let _ = five_exports;
+    /// ```
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.permits = permits;
+        self
+    }
+
+    /// Take the key shared, as a reader: shared holders hold it together, and an
+    /// exclusive holder (any acquire without `shared`) holds it alone. A waiting
+    /// exclusive holder keeps new shared holders out, so writers do not starve
+    /// (except on Redlock, which keeps no queue).
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
+    }
+
     /// Checks the options and settles every default.
     pub(crate) fn plan(&self, key: &str) -> Result<Plan, LockError> {
         let invalid = |reason: &str| LockError::InvalidOptions {
@@ -207,6 +237,23 @@ impl LockOptions {
         if retry_wait.is_zero() {
             return Err(invalid("`retry_wait` must be more than zero"));
         }
+        let kind = match (self.permits, self.shared) {
+            (0, _) => return Err(invalid("`permits` must be at least 1")),
+            (1, false) => Kind::Exclusive,
+            (1, true) => Kind::Shared,
+            (permits, false) => Kind::Permit(permits),
+            (_, true) => {
+                return Err(invalid(
+                    "a semaphore has no shared side; drop `shared` or `permits`",
+                ));
+            }
+        };
+        if self.fencing && kind != Kind::Exclusive {
+            return Err(invalid(
+                "holders that hold the key at once cannot have one increasing fencing token; \
+                 drop `fencing`, or take the key exclusive",
+            ));
+        }
         Ok(Plan {
             lease,
             watchdog,
@@ -222,6 +269,7 @@ impl LockOptions {
             reentrant: self.reentrant,
             fencing: self.fencing,
             hold_at_least: self.hold_at_least,
+            kind,
         })
     }
 }
@@ -253,6 +301,12 @@ impl fmt::Debug for LockOptions {
             .field("fencing", &self.fencing);
         if let Some(window) = self.hold_at_least {
             s.field("hold_at_least", &window);
+        }
+        if self.permits != 1 {
+            s.field("permits", &self.permits);
+        }
+        if self.shared {
+            s.field("shared", &self.shared);
         }
         s.finish()
     }
@@ -290,6 +344,29 @@ pub(crate) struct Plan {
     pub(crate) reentrant: bool,
     pub(crate) fencing: bool,
     pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) kind: Kind,
+}
+
+/// What a hold shares the key with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Nobody: a lock, or the exclusive side of a read-write lock.
+    Exclusive,
+    /// Other shared holders.
+    Shared,
+    /// Up to this many holders (2 or more) of a semaphore's permits.
+    Permit(u32),
+}
+
+impl fmt::Display for Kind {
+    /// How the key is held, for messages: "held as a lock".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Kind::Exclusive => f.write_str("a lock"),
+            Kind::Shared => f.write_str("a shared lock"),
+            Kind::Permit(permits) => write!(f, "a semaphore of {permits} permits"),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -350,5 +427,18 @@ mod tests {
             .watchdog(true)
             .hold_at_least(Duration::from_secs(2));
         assert!(renewed.plan("k").is_ok());
+        assert!(reason(LockOptions::new().permits(0)).contains("at least 1"));
+        assert!(reason(LockOptions::new().permits(3).shared(true)).contains("no shared side"));
+        assert!(reason(LockOptions::new().permits(3).fencing(true)).contains("fencing"));
+        assert!(reason(LockOptions::new().shared(true).fencing(true)).contains("fencing"));
+    }
+
+    #[test]
+    fn permits_and_shared_settle_the_kind() {
+        let kind = |options: LockOptions| options.plan("k").unwrap().kind;
+        assert_eq!(kind(LockOptions::new()), Kind::Exclusive);
+        assert_eq!(kind(LockOptions::new().permits(1)), Kind::Exclusive);
+        assert_eq!(kind(LockOptions::new().shared(true)), Kind::Shared);
+        assert_eq!(kind(LockOptions::new().permits(5)), Kind::Permit(5));
     }
 }
