@@ -8,7 +8,6 @@ use crate::acquire::Acquirer;
 use crate::backend::{Backend, MemoryStore, RedisNode, Redlock, Signals, Store, Target};
 use crate::key::LockName;
 use crate::options::{HandOff, Plan};
-use crate::telemetry;
 use crate::{LockError, LockGuard, LockOptions};
 
 /// How a client talks to Redis: the bounds on connecting and on each call.
@@ -368,6 +367,60 @@ impl LockClient {
         }
     }
 
+    /// Takes the locks on all of `keys`, or none, and returns one guard that holds
+    /// them all: [`LockGuard::keys`] lists them, and releasing or dropping the guard
+    /// lets go of every one. A key listed twice is one lock, taken once.
+    ///
+    /// Every client takes keys in one global order (that of the locks' Redis names,
+    /// whatever order `keys` lists them in), one at a time, each as
+    /// [`acquire`](Self::acquire) takes a key: the same local queue, waiting,
+    /// hand-off, watchdog and fencing, and `options` apply to each key as they would
+    /// there (the [`fencing_token`](LockGuard::fencing_token) shown is the first
+    /// key's). So two callers that list the same keys in different orders never
+    /// deadlock. All the waiting shares one time budget, counted from the call:
+    /// `timeout`, or about `retries` x `retry_wait`. When a key cannot be taken, the
+    /// keys already taken are freed (at once, inside a `hold_at_least` window too,
+    /// since nothing ran under them) before its error (`Busy`, `Timeout`, ...) is
+    /// returned. Dropping the future at any await leaves no lock behind.
+    ///
+    /// The cost: one acquire per distinct key, in sequence (one round trip each
+    /// when the key is free), on every topology. On a Cluster the keys may lie in
+    /// different hash slots: each is taken on its own slot's primary.
+    ///
+    /// Taking more locks while holding one breaks the global order, so inside a hold
+    /// of this client (the body of `#[distributed_lock]`, or [`LockGuard::scope`]) this
+    /// fails with `InvalidOptions`, whatever the keys; take them all in one call
+    /// instead. A guard held outside its scope is not seen: hold it, and take more
+    /// keys, at the risk of deadlock. An empty `keys` is `InvalidOptions` too.
+    ///
+    /// ```
+    /// use lock_runtime::{LockClient, LockOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// let locks = LockClient::memory();
+    /// let options = LockOptions::new();
+    /// let both = locks.acquire_all(["account:7", "account:3"], &options).await?;
+    /// assert_eq!(both.keys().len(), 2);
+    /// let other = locks.peer();
+    /// assert!(other.try_acquire("account:3", &options).await?.is_none());
+    /// both.release().await?;
+    /// assert!(other.try_acquire("account:3", &options).await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acquire_all<I>(
+        &self,
+        keys: I,
+        options: &LockOptions,
+    ) -> Result<LockGuard, LockError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        self.acquirer.acquire_all(&owned(keys), options).await
+    }
+
     /// Boxed: the waiting loop's future nests deep enough to exhaust the compiler's
     /// query depth in callers' crates when laid out inline.
     fn acquire_planned<'a>(
@@ -375,10 +428,7 @@ impl LockClient {
         key: &'a str,
         plan: Plan,
     ) -> Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send + 'a>> {
-        Box::pin(telemetry::acquire_span(
-            key,
-            self.acquirer.acquire(key, plan),
-        ))
+        Box::pin(self.acquirer.acquire(key, plan))
     }
 
     /// Waits until the releases and cleanups running in the background are done:

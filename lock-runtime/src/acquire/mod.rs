@@ -3,6 +3,7 @@
 //! the task before it handed on, or else asks Redis until it is granted or its time
 //! budget runs out.
 
+mod all;
 mod attempts;
 
 use std::sync::Arc;
@@ -62,17 +63,36 @@ impl Acquirer {
     }
 
     pub(crate) async fn acquire(&self, key: &str, plan: Plan) -> Result<LockGuard, LockError> {
-        let started = Instant::now();
-        let acquired = self.take(key, plan, started).await;
-        telemetry::acquired(&acquired, started.elapsed(), self.backend.kind());
-        acquired
+        let deadline = Instant::now() + plan.patience();
+        self.acquire_by(key, &plan, deadline).await
     }
 
-    async fn take(&self, key: &str, plan: Plan, started: Instant) -> Result<LockGuard, LockError> {
+    /// Takes `key` as `plan` says, waiting until `deadline` at the latest.
+    async fn acquire_by(
+        &self,
+        key: &str,
+        plan: &Plan,
+        deadline: Instant,
+    ) -> Result<LockGuard, LockError> {
+        let acquiring = async {
+            let started = Instant::now();
+            let acquired = self.take(key, plan, started, deadline).await;
+            telemetry::acquired(&acquired, started.elapsed(), self.backend.kind());
+            acquired
+        };
+        telemetry::acquire_span(key, acquiring).await
+    }
+
+    async fn take(
+        &self,
+        key: &str,
+        plan: &Plan,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<LockGuard, LockError> {
         let name = Arc::new(LockName::new(key)?);
-        let deadline = started + plan.patience();
         if let Some(level) = Level::innermost(self.id, &name.hash) {
-            return reenter(&level, &name, &plan, started, deadline).await;
+            return reenter(&level, &name, plan, started, deadline).await;
         }
         let place = self.queues.join(&name);
         let turn = if plan.spin {
@@ -83,14 +103,14 @@ impl Acquirer {
             place.try_turn().ok_or_else(|| busy(&name))?
         };
         let turn = match turn.handed() {
-            Some(handed) => match self.holds.take_over(handed, turn, &plan).await {
+            Some(handed) => match self.holds.take_over(handed, turn, plan).await {
                 Ok(guard) => return Ok(guard),
                 Err(turn) => turn,
             },
             None => turn,
         };
-        let grant = attempts::until_granted(self, name, turn, &plan, started, deadline).await?;
-        Ok(self.holds.start(grant, &plan))
+        let grant = attempts::until_granted(self, name, turn, plan, started, deadline).await?;
+        Ok(self.holds.start(grant, plan))
     }
 
     /// Waits for the background releases and cleanups of this client's store.

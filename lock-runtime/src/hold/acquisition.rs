@@ -37,6 +37,9 @@ pub(crate) struct Acquisition {
     handed_on: AtomicU32,
     released: AtomicBool,
     lost: AtomicBool,
+    /// Set when nothing ran under the lock, so a release frees it inside a
+    /// `hold_at_least` window too.
+    window_waived: AtomicBool,
 }
 
 /// How a hold ended.
@@ -65,6 +68,7 @@ impl Acquisition {
             handed_on: AtomicU32::new(0),
             released: AtomicBool::new(false),
             lost: AtomicBool::new(false),
+            window_waived: AtomicBool::new(false),
         }
     }
 
@@ -178,6 +182,7 @@ impl Acquisition {
         self.lease.end();
         let keep = self
             .hold_until
+            .filter(|_| !self.window_waived.load(Ordering::Relaxed))
             .and_then(|until| until.checked_duration_since(Instant::now()))
             .filter(|keep| *keep >= Duration::from_millis(1));
         let (name, token) = (self.name.clone(), self.token.clone());
@@ -191,6 +196,12 @@ impl Acquisition {
         self.holds
             .backend
             .release_finishing(&self.runtime, name, token, keep, pass_turn)
+    }
+
+    /// Lets a release inside the `hold_at_least` window free the lock at once: for a
+    /// lock taken for work that will not run.
+    pub(super) fn waive_window(&self) {
+        self.window_waived.store(true, Ordering::Relaxed);
     }
 
     /// Within the client's bounds, on a store where hand-off is sound, and with a

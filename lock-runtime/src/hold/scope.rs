@@ -22,19 +22,24 @@ pub(crate) struct Level {
     pub(crate) sections: Arc<Mutex<()>>,
 }
 
-/// Runs `future` one level deeper, inside `hold`.
+/// Runs `future` one level deeper for each of `holds` (a hold and the turn of the
+/// sections that re-enter it), the last innermost.
 pub(super) async fn enter<F: Future>(
-    hold: Arc<Hold>,
-    sections: Arc<Mutex<()>>,
+    holds: impl IntoIterator<Item = (Arc<Hold>, Arc<Mutex<()>>)>,
     future: F,
 ) -> F::Output {
-    let parent = SCOPE.try_with(Arc::clone).ok();
-    let level = Level {
-        parent,
-        hold,
-        sections,
-    };
-    SCOPE.scope(Arc::new(level), future).await
+    let mut level = SCOPE.try_with(Arc::clone).ok();
+    for (hold, sections) in holds {
+        level = Some(Arc::new(Level {
+            parent: level,
+            hold,
+            sections,
+        }));
+    }
+    match level {
+        Some(level) => SCOPE.scope(level, future).await,
+        None => future.await,
+    }
 }
 
 impl Level {
@@ -45,6 +50,19 @@ impl Level {
         while let Some(current) = level {
             let hold = &current.hold;
             if hold.client() == client && hold.name().hash == hash && hold.is_held() {
+                return Some(current);
+            }
+            level = current.parent.clone();
+        }
+        None
+    }
+
+    /// The innermost level around the caller of a hold of `client`'s, held or not:
+    /// code that runs inside a hold, even one since lost, still runs inside it.
+    pub(crate) fn any(client: u64) -> Option<Arc<Level>> {
+        let mut level = SCOPE.try_with(Arc::clone).ok();
+        while let Some(current) = level {
+            if current.hold.client() == client {
                 return Some(current);
             }
             level = current.parent.clone();
