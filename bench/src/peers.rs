@@ -29,38 +29,33 @@ end
 return 0
 ";
 
-/// lock-runtime's Redis scripts, built as its backend builds them, so that the
-/// counting pass can tell its calls apart by SHA1.
-static LIBRARY_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../lock-runtime/src/backend/scripts/queue.lua"),
-        include_str!("../../lock-runtime/src/backend/scripts/acquire.lua")
-    ))
-});
-static LIBRARY_RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../../lock-runtime/src/backend/scripts/queue.lua"),
-        include_str!("../../lock-runtime/src/backend/scripts/release.lua")
-    ))
-});
 static COMPARE_AND_DELETE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(COMPARE_AND_DELETE));
 
+/// The SHA1 of lock-runtime's script called `name`.
+fn library_script(name: &str) -> &'static str {
+    lock_runtime::__script_hashes()
+        .into_iter()
+        .find(|(script, _)| *script == name)
+        .map(|(_, sha1)| sha1)
+        .expect("lock-runtime has the script")
+}
+
 /// The SHA1 of lock-runtime's release script.
 pub(crate) fn library_release_sha1() -> &'static str {
-    LIBRARY_RELEASE.get_hash()
+    library_script("release")
 }
 
 /// What a script the bench knows does, by its SHA1: lock-runtime's acquire and
 /// release, and the raw protocol's compare-and-delete.
 pub(crate) fn script_name(sha1: &str) -> Option<&'static str> {
     [
-        (&*LIBRARY_ACQUIRE, "acquire script"),
-        (&*LIBRARY_RELEASE, "release script"),
-        (&*COMPARE_AND_DELETE_SCRIPT, "compare-and-delete"),
+        (library_script("acquire"), "acquire script"),
+        (library_script("release"), "release script"),
+        (COMPARE_AND_DELETE_SCRIPT.get_hash(), "compare-and-delete"),
     ]
     .into_iter()
-    .find(|(script, _)| script.get_hash().eq_ignore_ascii_case(sha1))
+    .find(|(hash, _)| hash.eq_ignore_ascii_case(sha1))
     .map(|(_, name)| name)
 }
 

@@ -64,6 +64,9 @@ mod options;
 mod queue;
 mod telemetry;
 
+/// The SHA1 of each lock script by name, for the bench's counts. Not a public API.
+#[doc(hidden)]
+pub use crate::backend::script_hashes as __script_hashes;
 pub use crate::client::{
     ClientConfig, DEFAULT_HAND_OFF_WINDOW, DEFAULT_HAND_OFFS, LockClient, default_client,
     set_default_client,

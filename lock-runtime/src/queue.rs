@@ -1,17 +1,23 @@
 //! The local line for a key: the tasks of one client that want it wait here, first
-//! come first served, so Redis sees one waiter per client however many tasks wait.
-//! The task at the head listens for the holder's release, and keeps its turn while
-//! it holds the lock. A holder may leave what it holds (`H`) in the line for the
-//! next task instead of releasing it. A key nobody waits for or holds leaves nothing
-//! behind.
+//! come first served, so Redis sees one waiter per client however many tasks wait
+//! for a lock (for a semaphore, up to its permits; for shared holders, each one).
+//! A task whose turn it is listens for the holder's release, and keeps its turn
+//! while it holds the lock. A holder may leave what it holds (`H`) in the line for
+//! the next task instead of releasing it. A key nobody waits for or holds leaves
+//! nothing behind.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{OwnedMutexGuard, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::backend::{Backend, Subscription};
 use crate::key::LockName;
+use crate::options::Kind;
+
+/// The most shared holders one client keeps of a key at once; an exclusive turn
+/// takes them all.
+const SHARED_AT_ONCE: u32 = 1 << 20;
 
 pub(crate) struct Queues<H> {
     backend: Arc<Backend>,
@@ -21,9 +27,13 @@ pub(crate) struct Queues<H> {
 }
 
 struct Line<H> {
-    turns: Arc<tokio::sync::Mutex<()>>,
-    /// Places taken in this line: tasks waiting, and the one whose turn it is.
+    /// How the line was first joined: a lock, shared, or a semaphore's permits.
+    kind: Kind,
+    turns: Arc<Semaphore>,
+    /// Places taken in this line: tasks waiting, and those whose turn it is.
     places: usize,
+    /// Places whose turn it is.
+    holding: usize,
     /// The key's release signals, from when a task of this line first had to wait
     /// until the line empties.
     releases: Option<Subscription>,
@@ -36,14 +46,16 @@ struct Line<H> {
 pub(crate) struct Place<H> {
     queues: Arc<Queues<H>>,
     name: Arc<LockName>,
-    turns: Arc<tokio::sync::Mutex<()>>,
+    turns: Arc<Semaphore>,
+    /// How many of the line's turns this place takes.
+    weight: u32,
 }
 
-/// A task's turn at the head of its client's line for a key.
+/// A task's turn in its client's line for a key.
 pub(crate) struct Turn<H> {
     // Declared first so that it drops first: the next in line goes when this does,
     // and finds the line still there.
-    _permit: OwnedMutexGuard<()>,
+    _permit: OwnedSemaphorePermit,
     place: Place<H>,
 }
 
@@ -56,21 +68,35 @@ impl<H> Queues<H> {
         })
     }
 
-    /// Takes a place at the back of `name`'s line.
-    pub(crate) fn join(self: &Arc<Self>, name: &Arc<LockName>) -> Place<H> {
+    /// Takes a place at the back of `name`'s line, for a hold of `kind`. When the
+    /// line is for a kind that never shares the key with it (a lock and a semaphore,
+    /// or semaphores of two sizes), returns the line's kind instead.
+    pub(crate) fn join(self: &Arc<Self>, name: &Arc<LockName>, kind: Kind) -> Result<Place<H>, Kind> {
+        let (capacity, weight) = match kind {
+            Kind::Exclusive => (SHARED_AT_ONCE, SHARED_AT_ONCE),
+            Kind::Shared => (SHARED_AT_ONCE, 1),
+            Kind::Permit(permits) => (permits, 1),
+        };
         let mut lines = self.lines();
         let line = lines.entry(name.hash.clone()).or_insert_with(|| Line {
-            turns: Arc::default(),
+            kind,
+            turns: Arc::new(Semaphore::new(capacity as usize)),
             places: 0,
+            holding: 0,
             releases: None,
             handed: None,
         });
+        let semaphore = |kind| matches!(kind, Kind::Permit(_));
+        if line.kind != kind && (semaphore(line.kind) || semaphore(kind)) {
+            return Err(line.kind);
+        }
         line.places += 1;
-        Place {
+        Ok(Place {
             queues: self.clone(),
             name: name.clone(),
             turns: line.turns.clone(),
-        }
+            weight,
+        })
     }
 
     fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line<H>>> {
@@ -81,22 +107,27 @@ impl<H> Queues<H> {
 }
 
 impl<H> Place<H> {
-    /// Waits for this place to reach the head of the line.
+    /// Waits for this place's turn: for the tasks ahead to have theirs, and for room
+    /// among the turns taken.
     pub(crate) async fn turn(self) -> Turn<H> {
-        let permit = self.turns.clone().lock_owned().await;
+        let turns = self.turns.clone().acquire_many_owned(self.weight).await;
+        self.started(turns.expect("a line's turns are never closed"))
+    }
+
+    /// The turn, if it is this place's at once.
+    pub(crate) fn try_turn(self) -> Option<Turn<H>> {
+        let turns = self.turns.clone().try_acquire_many_owned(self.weight).ok()?;
+        Some(self.started(turns))
+    }
+
+    fn started(self, permit: OwnedSemaphorePermit) -> Turn<H> {
+        if let Some(line) = self.queues.lines().get_mut(&self.name.hash) {
+            line.holding += 1;
+        }
         Turn {
             _permit: permit,
             place: self,
         }
-    }
-
-    /// The turn, if no task of this client is ahead.
-    pub(crate) fn try_turn(self) -> Option<Turn<H>> {
-        let permit = self.turns.clone().try_lock_owned().ok()?;
-        Some(Turn {
-            _permit: permit,
-            place: self,
-        })
     }
 }
 
@@ -117,12 +148,12 @@ impl<H> Drop for Place<H> {
 
 impl<H> Turn<H> {
     /// Leaves `handed` for the next task in line and ends this turn, if a task
-    /// waits; otherwise gives both back.
+    /// waits and nothing else was left for it; otherwise gives both back.
     pub(crate) fn hand_on(self, handed: H) -> Result<(), (Turn<H>, H)> {
         let place = &self.place;
         let mut lines = place.queues.lines();
         match lines.get_mut(&place.name.hash) {
-            Some(line) if line.places > 1 => {
+            Some(line) if line.places > line.holding && line.handed.is_none() => {
                 line.handed = Some(handed);
                 drop(lines);
                 Ok(())
@@ -168,5 +199,14 @@ impl<H> Turn<H> {
         let lines = place.queues.lines();
         let line = lines.get(&place.name.hash)?;
         line.releases.as_ref().map(Subscription::releases)
+    }
+}
+
+impl<H> Drop for Turn<H> {
+    fn drop(&mut self) {
+        let place = &self.place;
+        if let Some(line) = place.queues.lines().get_mut(&place.name.hash) {
+            line.holding -= 1;
+        }
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Acquirer, busy, timeout};
+use super::{Acquirer, busy, clash, timeout};
 use crate::LockError;
 use crate::backend::{Attempt, Backend, CLAIM_WINDOW};
 use crate::hold::{ClientTurn, Grant};
@@ -35,16 +35,16 @@ pub(super) async fn until_granted(
         }
         let token = match &place {
             Some(place) => place.token.clone(),
-            None => acquirer.tokens.next(),
+            None => acquirer.tokens.next(plan.kind),
         };
         // Only a client that hears when the lock is passed to it may queue for it.
-        let join = (plan.spin && backend.queues() && releases.is_some())
+        let join = (plan.spin && backend.keeps_waiters() && releases.is_some())
             .then(|| deadline.saturating_duration_since(Instant::now()) + CLAIM_WINDOW);
         let sent_at = Instant::now();
         attempts += 1;
         telemetry::attempted(attempts);
         let attempt = backend
-            .acquire(&name, &token, plan.lease, plan.fencing, join)
+            .acquire(&name, &token, plan.kind, plan.lease, plan.fencing, join)
             .await?;
         let retry_in = match attempt {
             Attempt::Granted { fence } => {
@@ -60,6 +60,7 @@ pub(super) async fn until_granted(
                 });
             }
             Attempt::Busy { retry_in, .. } => retry_in,
+            Attempt::Clash { held_as } => return Err(clash(&name, held_as, plan.kind)),
         };
         if join.is_some() && place.is_none() {
             place = Some(QueuePlace {

@@ -15,7 +15,7 @@ use crate::LockError;
 use crate::backend::Backend;
 use crate::hold::{ClientQueues, Holds, Level, LockGuard};
 use crate::key::LockName;
-use crate::options::{HandOff, Plan};
+use crate::options::{HandOff, Kind, Plan};
 use crate::telemetry;
 
 /// One client's way of taking locks: its identity, its local lines, its holds.
@@ -94,7 +94,18 @@ impl Acquirer {
         if let Some(level) = Level::innermost(self.id, &name.hash) {
             return reenter(&level, &name, plan, started, deadline).await;
         }
-        let place = self.queues.join(&name);
+        if matches!(plan.kind, Kind::Permit(_)) && !self.backend.counts_permits() {
+            return Err(invalid(
+                &name,
+                "a semaphore cannot be sound on Redlock: with 2 permits and masters A, B and C, \
+                 holders granted by {A,B}, {A,C} and {B,C} make three; keep semaphores on one \
+                 Redis, Sentinel or Cluster",
+            ));
+        }
+        let place = self
+            .queues
+            .join(&name, plan.kind)
+            .map_err(|held_as| clash(&name, held_as, plan.kind))?;
         let turn = if plan.spin {
             tokio::time::timeout_at(deadline, place.turn())
                 .await
@@ -120,9 +131,17 @@ impl Acquirer {
 }
 
 impl Tokens {
-    fn next(&self) -> Arc<str> {
+    /// A new token, which says what kind of hold it asks for, so that the store can
+    /// tell what its holders and waiters want (see `backend/scripts/holders.lua`).
+    fn next(&self, kind: Kind) -> Arc<str> {
         let number = self.issued.fetch_add(1, Ordering::Relaxed);
-        format!("{}:{number}", self.client).into()
+        let client = &self.client;
+        match kind {
+            Kind::Exclusive => format!("{client}:{number}"),
+            Kind::Shared => format!("{client}:{number}:shared"),
+            Kind::Permit(permits) => format!("{client}:{number}:permits={permits}"),
+        }
+        .into()
     }
 }
 
@@ -140,23 +159,34 @@ async fn reenter(
             key: name.key.clone(),
         });
     }
+    let held_as = level.hold.kind();
+    match (held_as, plan.kind) {
+        (held, asked) if held == asked => {}
+        (Kind::Exclusive, Kind::Shared) => {}
+        (Kind::Shared, Kind::Exclusive) => {
+            return Err(invalid(
+                name,
+                "the key is already held shared here, and taking it exclusive inside would wait \
+                 for itself; take it exclusive where it is first taken",
+            ));
+        }
+        (held, asked) => return Err(clash(name, held, asked)),
+    }
     if plan.fencing && level.hold.fence().is_none() {
-        return Err(LockError::InvalidOptions {
-            key: name.key.clone(),
-            reason: "the lock is already held here without a fencing token, so re-entering \
-                     it cannot issue one; ask for fencing where the lock is first taken"
-                .to_owned(),
-        });
+        return Err(invalid(
+            name,
+            "the lock is already held here without a fencing token, so re-entering it cannot \
+             issue one; ask for fencing where the lock is first taken",
+        ));
     }
     if let Some(window) = plan.hold_at_least
         && !level.hold.holds_until(Instant::now() + window)
     {
-        return Err(LockError::InvalidOptions {
-            key: name.key.clone(),
-            reason: "the lock is already held here without a `hold_at_least` window that long, \
-                     so re-entering it cannot keep one; ask for it where the lock is first taken"
-                .to_owned(),
-        });
+        return Err(invalid(
+            name,
+            "the lock is already held here without a `hold_at_least` window that long, so \
+             re-entering it cannot keep one; ask for it where the lock is first taken",
+        ));
     }
     let sections = level.sections.clone();
     let turn = if plan.spin {
@@ -172,6 +202,25 @@ async fn reenter(
         });
     }
     Ok(LockGuard::view(level.hold.clone(), turn))
+}
+
+fn invalid(name: &LockName, reason: &str) -> LockError {
+    LockError::InvalidOptions {
+        key: name.key.clone(),
+        reason: reason.to_owned(),
+    }
+}
+
+/// The key is held as `held_as`, which never shares it with the `asked` kind.
+fn clash(name: &LockName, held_as: Kind, asked: Kind) -> LockError {
+    invalid(
+        name,
+        &format!(
+            "the key is held as {held_as}, and cannot be taken as {asked} too; \
+             every holder of one key must take it as the same kind (a lock and shared \
+             holders are one read-write lock)"
+        ),
+    )
 }
 
 fn busy(name: &LockName) -> LockError {

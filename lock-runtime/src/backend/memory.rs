@@ -7,10 +7,13 @@ use tokio::time::Instant;
 use super::Attempt;
 use super::signals::Signals;
 use crate::key::LockName;
+use crate::options::Kind;
 
 /// Locks in this process's memory, with the same semantics as the Redis scripts:
 /// leases expire, only the acquisition's token releases or renews, fencing counters
-/// only grow.
+/// only grow, holders of one kind share a key as the kind allows, and a waiting
+/// exclusive holder keeps new shared holders out. There is no queue: every release
+/// wakes every waiter.
 pub(crate) struct MemoryStore {
     state: Mutex<State>,
     signals: Arc<Signals>,
@@ -18,13 +21,40 @@ pub(crate) struct MemoryStore {
 
 #[derive(Default)]
 struct State {
-    locks: HashMap<String, Held>,
+    locks: HashMap<String, Holders>,
     fences: HashMap<String, u64>,
+    /// Per lock, the exclusive acquisitions waiting for it, until when.
+    writers_waiting: HashMap<String, HashMap<String, Instant>>,
 }
 
-struct Held {
-    token: String,
-    expires_at: Instant,
+/// The holders of one lock, all of one kind, each until its lease ends.
+struct Holders {
+    kind: Kind,
+    leases: HashMap<String, Instant>,
+}
+
+impl Holders {
+    fn has_room_for(&self, kind: Kind) -> bool {
+        match kind {
+            _ if self.leases.is_empty() => true,
+            Kind::Exclusive => false,
+            Kind::Shared => self.kind == Kind::Shared,
+            Kind::Permit(permits) => self.kind == kind && self.leases.len() < permits as usize,
+        }
+    }
+
+    /// The kind the lock is held as when `kind` can never share it.
+    fn clash(&self, kind: Kind) -> Option<Kind> {
+        let semaphore = |kind| matches!(kind, Kind::Permit(_));
+        let clashes = !self.leases.is_empty()
+            && self.kind != kind
+            && (semaphore(self.kind) || semaphore(kind));
+        clashes.then_some(self.kind)
+    }
+
+    fn first_lease_end(&self) -> Option<Instant> {
+        self.leases.values().min().copied()
+    }
 }
 
 impl MemoryStore {
@@ -39,23 +69,47 @@ impl MemoryStore {
         &self,
         name: &LockName,
         token: &str,
+        kind: Kind,
         lease: Duration,
         fencing: bool,
+        join: Option<Duration>,
     ) -> Attempt {
         let now = Instant::now();
         let mut state = self.state();
-        let State { locks, fences } = &mut *state;
-        if let Some(held) = locks.get(&name.hash).filter(|held| held.expires_at > now) {
+        let State {
+            locks,
+            fences,
+            writers_waiting,
+        } = &mut *state;
+        let waiting = writers_waiting.entry(name.hash.clone()).or_default();
+        waiting.retain(|_, until| *until > now);
+        let holders = held(locks, name, now, kind);
+        if let Some(held_as) = holders.clash(kind) {
+            return Attempt::Clash { held_as };
+        }
+        let writer_first = kind == Kind::Shared && !waiting.is_empty();
+        if !holders.has_room_for(kind) || writer_first {
+            if let (Kind::Exclusive, Some(stay)) = (kind, join) {
+                waiting.insert(token.to_owned(), now + stay);
+            }
+            let retry_in = holders.first_lease_end().map(|end| end - now);
+            if holders.leases.is_empty() {
+                locks.remove(&name.hash);
+            }
+            if waiting.is_empty() {
+                writers_waiting.remove(&name.hash);
+            }
             return Attempt::Busy {
-                retry_in: Some(held.expires_at - now),
+                retry_in,
                 fence: fencing.then(|| fences.get(&name.fence).copied().unwrap_or(0)),
             };
         }
-        let held = Held {
-            token: token.to_owned(),
-            expires_at: now + lease,
-        };
-        locks.insert(name.hash.clone(), held);
+        waiting.remove(token);
+        if waiting.is_empty() {
+            writers_waiting.remove(&name.hash);
+        }
+        holders.kind = kind;
+        holders.leases.insert(token.to_owned(), now + lease);
         Attempt::Granted {
             fence: fencing.then(|| {
                 let counter = fences.entry(name.fence.clone()).or_insert(0);
@@ -65,15 +119,23 @@ impl MemoryStore {
         }
     }
 
-    /// Whether `token` held the lock and freed it.
+    /// Whether `token` held the lock and let go of it. A token that was waiting
+    /// stops waiting.
     pub(crate) fn release(&self, name: &LockName, token: &str) -> bool {
         let now = Instant::now();
         let mut state = self.state();
-        let Some(held) = state.locks.get(&name.hash) else {
+        if let Some(waiting) = state.writers_waiting.get_mut(&name.hash) {
+            waiting.remove(token);
+        }
+        let Some(holders) = state.locks.get_mut(&name.hash) else {
             return false;
         };
-        let ours = held.token == token && held.expires_at > now;
-        if ours || held.expires_at <= now {
+        let ours = holders
+            .leases
+            .remove(token)
+            .is_some_and(|until| until > now);
+        holders.leases.retain(|_, until| *until > now);
+        if holders.leases.is_empty() {
             state.locks.remove(&name.hash);
         }
         drop(state);
@@ -85,27 +147,33 @@ impl MemoryStore {
 
     pub(crate) fn renew(&self, name: &LockName, token: &str, lease: Duration) -> bool {
         let now = Instant::now();
-        match self.state().locks.get_mut(&name.hash) {
-            Some(held) if held.token == token && held.expires_at > now => {
-                held.expires_at = now + lease;
+        let mut state = self.state();
+        let until = state
+            .locks
+            .get_mut(&name.hash)
+            .and_then(|holders| holders.leases.get_mut(token));
+        match until {
+            Some(until) if *until > now => {
+                *until = now + lease;
                 true
             }
             _ => false,
         }
     }
 
+    /// How long until the last holder's lease ends.
     pub(crate) fn lease_left(&self, name: &LockName) -> Option<Duration> {
         let now = Instant::now();
         let state = self.state();
-        let held = state.locks.get(&name.hash)?;
-        (held.expires_at > now).then(|| held.expires_at - now)
+        let last = state.locks.get(&name.hash)?.leases.values().max().copied()?;
+        (last > now).then(|| last - now)
     }
 
     /// Frees the lock whoever holds it; whether it was held.
     pub(crate) fn force_unlock(&self, name: &LockName) -> bool {
         let now = Instant::now();
-        let held = self.state().locks.remove(&name.hash);
-        let was_held = held.is_some_and(|held| held.expires_at > now);
+        let holders = self.state().locks.remove(&name.hash);
+        let was_held = holders.is_some_and(|holders| holders.leases.values().any(|&t| t > now));
         if was_held {
             self.signals.notify(&name.channel);
         }
@@ -117,4 +185,19 @@ impl MemoryStore {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The lock's live holders, made empty of `kind` when there are none.
+fn held<'a>(
+    locks: &'a mut HashMap<String, Holders>,
+    name: &LockName,
+    now: Instant,
+    kind: Kind,
+) -> &'a mut Holders {
+    let holders = locks.entry(name.hash.clone()).or_insert_with(|| Holders {
+        kind,
+        leases: HashMap::new(),
+    });
+    holders.leases.retain(|_, until| *until > now);
+    holders
 }

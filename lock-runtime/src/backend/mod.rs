@@ -23,10 +23,12 @@ pub(crate) use self::background::{Background, Finishing, Orphan};
 pub(crate) use self::connection::Target;
 pub(crate) use self::memory::MemoryStore;
 pub(crate) use self::redis::RedisNode;
+pub use self::redis::script_hashes;
 pub(crate) use self::redlock::Redlock;
 pub(crate) use self::signals::Signals;
 use crate::LockError;
 use crate::key::LockName;
+use crate::options::Kind;
 
 /// What one acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +41,9 @@ pub(crate) enum Attempt {
         retry_in: Option<Duration>,
         fence: Option<u64>,
     },
+    /// The lock is held as a kind the attempt's kind never shares it with: a lock
+    /// and a semaphore, or semaphores of different sizes.
+    Clash { held_as: Kind },
 }
 
 /// What a release did.
@@ -137,20 +142,36 @@ impl Backend {
         matches!(self.store, Store::Redis(_))
     }
 
-    /// Tries to take `name` under `token`; with `join`, a busy lock puts the token in
-    /// the queue for it, for at least that long (where the store queues). If the
-    /// caller goes before the answer, or the answer is an error (the request may
-    /// still have been applied), the token is withdrawn in the background.
+    /// Whether the store keeps track of waiting acquisitions: the queue where it
+    /// queues, and in memory the exclusive waiters that keep new shared holders out.
+    /// Not on Redlock.
+    pub(crate) fn keeps_waiters(&self) -> bool {
+        !matches!(self.store, Store::Redlock(_))
+    }
+
+    /// Whether a semaphore can be sound here. Not on Redlock: with 2 permits and
+    /// masters A, B and C, holders granted by {A,B}, {A,C} and {B,C} make three.
+    pub(crate) fn counts_permits(&self) -> bool {
+        !matches!(self.store, Store::Redlock(_))
+    }
+
+    /// Tries to take `name` under `token`, a hold of `kind`; with `join`, a busy
+    /// lock puts the token in the queue for it, for at least that long (where the
+    /// store queues; in memory, an exclusive waiter only keeps new shared holders
+    /// out). If the caller goes before the answer, or the answer is an error (the
+    /// request may still have been applied), the token is withdrawn in the
+    /// background.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         name: &Arc<LockName>,
         token: &Arc<str>,
+        kind: Kind,
         lease: Duration,
         fencing: bool,
         join: Option<Duration>,
     ) -> Result<Attempt, LockError> {
         if let Store::Memory(memory) = &self.store {
-            return Ok(memory.acquire(name, token, lease, fencing));
+            return Ok(memory.acquire(name, token, kind, lease, fencing, join));
         }
         let queue = match join {
             Some(stay) => Queue::Join(stay),
@@ -172,7 +193,7 @@ impl Backend {
                     ..
                 } = &claim;
                 backend
-                    .acquire_now(name, token, lease, fencing, queue)
+                    .acquire_now(name, token, kind, lease, fencing, queue)
                     .await
             }
         };
@@ -191,14 +212,15 @@ impl Backend {
         &self,
         name: &LockName,
         token: &str,
+        kind: Kind,
         lease: Duration,
         fencing: bool,
         queue: Queue,
     ) -> Result<Attempt, LockError> {
         match &self.store {
-            Store::Redis(node) => node.acquire(name, token, lease, fencing, queue).await,
-            Store::Memory(memory) => Ok(memory.acquire(name, token, lease, fencing)),
-            Store::Redlock(redlock) => redlock.acquire(name, token, lease, fencing).await,
+            Store::Redis(node) => node.acquire(name, token, kind, lease, fencing, queue).await,
+            Store::Memory(_) => unreachable!("memory answers at once, with nothing to finish"),
+            Store::Redlock(redlock) => redlock.acquire(name, token, kind, lease, fencing).await,
         }
     }
 

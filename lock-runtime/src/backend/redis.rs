@@ -10,29 +10,38 @@ use super::connection::{Connection, Target};
 use super::signals::Signals;
 use super::{Attempt, CLAIM_WINDOW, Queue, Released, Waiters, lease_ms};
 use crate::key::LockName;
+use crate::options::Kind;
 use crate::{ClientConfig, LockError, telemetry};
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("scripts/queue.lua"),
-        include_str!("scripts/acquire.lua")
-    ))
-});
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("scripts/queue.lua"),
-        include_str!("scripts/release.lua")
-    ))
-});
-static FORCE_UNLOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("scripts/queue.lua"),
-        include_str!("scripts/force_unlock.lua")
-    ))
-});
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
+/// A script that reads or changes a lock, after the functions that tell who holds it.
+macro_rules! lock_script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("scripts/holders.lua"),
+                include_str!($file)
+            ))
+        })
+    };
+}
+
+static ACQUIRE: LazyLock<Script> = lock_script!("scripts/acquire.lua");
+static RELEASE: LazyLock<Script> = lock_script!("scripts/release.lua");
+static FORCE_UNLOCK: LazyLock<Script> = lock_script!("scripts/force_unlock.lua");
+static RENEW: LazyLock<Script> = lock_script!("scripts/renew.lua");
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
+
+/// The SHA1 of each lock script, by its file name, as `EVALSHA` sends it: for tools
+/// that count Redis requests per script.
+pub fn script_hashes() -> [(&'static str, &'static str); 4] {
+    [
+        ("acquire", ACQUIRE.get_hash()),
+        ("release", RELEASE.get_hash()),
+        ("force_unlock", FORCE_UNLOCK.get_hash()),
+        ("renew", RENEW.get_hash()),
+    ]
+}
 
 /// The Redis that holds the locks (one server, a Cluster, or Sentinel's primary),
 /// reconnecting on its own. Every call is one round trip (`EVALSHA`; a script is
@@ -101,33 +110,46 @@ impl RedisNode {
         self.target.kind()
     }
 
+    /// `token` says what kind of hold it asks for (see `scripts/holders.lua`), and
+    /// `kind` is that kind.
     pub(crate) async fn acquire(
         &self,
         name: &LockName,
         token: &str,
+        kind: Kind,
         lease: Duration,
         fencing: bool,
         queue: Queue,
     ) -> Result<Attempt, LockError> {
         let mut connection = self.connection.clone();
-        if !fencing && !matches!(queue, Queue::Join(_)) {
+        if kind == Kind::Exclusive && !fencing && !matches!(queue, Queue::Join(_)) {
             // A native `SET NX` does the job without a script. It also respects a lock
-            // left by an older version (any key there makes it fail) and a lock passed
-            // to a waiter; it takes a lock freed by expiry before the queue does.
+            // passed to a waiter; it takes a lock freed by expiry before the queue does.
+            // `GET` makes it fail with `WRONGTYPE` on a key that is no string: holders
+            // that share the key, or a lock left by an older version. The script tells
+            // those apart.
             let mut set = redis::cmd("SET");
             set.arg(&name.hash)
                 .arg(token)
                 .arg("NX")
                 .arg("PX")
-                .arg(lease_ms(lease));
-            let set = set.query_async::<Option<()>>(&mut connection);
-            return Ok(match self.run(name, set).await? {
-                Some(()) => Attempt::Granted { fence: None },
-                None => Attempt::Busy {
-                    retry_in: None,
-                    fence: None,
-                },
-            });
+                .arg(lease_ms(lease))
+                .arg("GET");
+            let set = bounded(
+                self.config.command_timeout,
+                set.query_async::<Option<redis::Value>>(&mut connection),
+            );
+            match set.await {
+                Ok(None) => return Ok(Attempt::Granted { fence: None }),
+                Ok(Some(_holder)) => {
+                    return Ok(Attempt::Busy {
+                        retry_in: None,
+                        fence: None,
+                    });
+                }
+                Err(error) if error.code() == Some("WRONGTYPE") => {}
+                Err(source) => return Err(LockError::backend(&name.key, source)),
+            }
         }
         let (mode, stay) = match queue {
             Queue::Off => ("off", Duration::ZERO),
@@ -152,6 +174,13 @@ impl RedisNode {
         Ok(match reply[..] {
             [1, counter, ..] => Attempt::Granted {
                 fence: fencing.then_some(counter as u64),
+            },
+            [2, held, ..] => Attempt::Clash {
+                held_as: match held {
+                    0 => Kind::Exclusive,
+                    -1 => Kind::Shared,
+                    permits => Kind::Permit(permits.try_into().unwrap_or(u32::MAX)),
+                },
             },
             [_, pttl, counter, ..] => Attempt::Busy {
                 retry_in: u64::try_from(pttl).ok().map(Duration::from_millis),

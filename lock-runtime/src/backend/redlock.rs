@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::signals::Signals;
 use super::{Attempt, Queue, RedisNode, Released, Target, Waiters};
 use crate::key::LockName;
-use crate::options::clock_drift;
+use crate::options::{Kind, clock_drift};
 use crate::{ClientConfig, LockError};
 
 /// The Redlock algorithm over independent Redis masters: the same scripts run on
@@ -79,16 +79,21 @@ impl Redlock {
         &self,
         name: &LockName,
         token: &str,
+        kind: Kind,
         lease: Duration,
         fencing: bool,
     ) -> Result<Attempt, LockError> {
         let started = Instant::now();
         let answers = self
             .on_every_node(name, token, move |node, name, token| async move {
-                node.acquire(&name, &token, lease, fencing, Queue::Off)
+                node.acquire(&name, &token, kind, lease, fencing, Queue::Off)
                     .await
             })
             .await;
+        let clash = answers.iter().find_map(|answer| match answer {
+            Ok(Attempt::Clash { held_as }) => Some(*held_as),
+            _ => None,
+        });
         let granted = answers
             .iter()
             .filter(|answer| matches!(answer, Ok(Attempt::Granted { .. })))
@@ -102,7 +107,7 @@ impl Redlock {
             .collect();
         // A majority that took longer to gather than the lease lasts grants nothing.
         let still_valid = started.elapsed() + clock_drift(lease) < lease;
-        if granted >= self.quorum() && still_valid {
+        if granted >= self.quorum() && still_valid && clash.is_none() {
             if !fencing {
                 return Ok(Attempt::Granted { fence: None });
             }
@@ -112,6 +117,9 @@ impl Redlock {
         }
         if granted > 0 {
             self.undo(name, token).await;
+        }
+        if let Some(held_as) = clash {
+            return Ok(Attempt::Clash { held_as });
         }
         if granted + busy_for.len() < self.quorum() {
             return Err(LockError::Quorum {
@@ -143,7 +151,7 @@ impl Redlock {
             .iter()
             .map(|answer| match answer {
                 Ok(Attempt::Granted { fence }) | Ok(Attempt::Busy { fence, .. }) => *fence,
-                Err(_) => None,
+                Ok(Attempt::Clash { .. }) | Err(_) => None,
             })
             .collect();
         let token = answers
@@ -151,7 +159,7 @@ impl Redlock {
             .filter_map(|answer| match answer {
                 Ok(Attempt::Granted { fence }) => *fence,
                 Ok(Attempt::Busy { fence, .. }) => fence.map(|counter| counter + 1),
-                Err(_) => None,
+                Ok(Attempt::Clash { .. }) | Err(_) => None,
             })
             .max()?;
         let mut at_or_above = counters.iter().flatten().filter(|&&c| c >= token).count();

@@ -11,8 +11,7 @@ use super::{ClientTurn, Grant, Holds};
 use crate::LockError;
 use crate::backend::{Finishing, NothingMore, Released};
 use crate::key::LockName;
-use crate::options::HandOff;
-use crate::options::Plan;
+use crate::options::{HandOff, Kind, Plan};
 use crate::telemetry;
 
 /// One acquisition that reached Redis: its token, its lease, and the client's turn
@@ -24,6 +23,7 @@ pub(crate) struct Acquisition {
     pub(super) token: Arc<str>,
     /// The fencing counter Redis issued with it.
     pub(super) counter: Option<u64>,
+    pub(super) kind: Kind,
     pub(super) lease: Lease,
     pub(super) acquired_at: Instant,
     pub(super) watchdog_lease: Option<Duration>,
@@ -57,6 +57,7 @@ impl Acquisition {
             name: grant.name,
             token: grant.token,
             counter: grant.counter,
+            kind: plan.kind,
             lease: Lease::new(grant.sent_at, plan.lease),
             acquired_at: grant.sent_at,
             watchdog_lease: plan.watchdog.then_some(plan.lease),
@@ -102,6 +103,7 @@ impl Acquisition {
         plan: &Plan,
     ) -> Result<Option<u64>, ClientTurn> {
         let fits = self.lease.is_valid()
+            && self.kind == plan.kind
             && plan.watchdog
             && self.watchdog_lease == Some(plan.lease)
             && plan.max_hold.is_none()
@@ -205,10 +207,13 @@ impl Acquisition {
     }
 
     /// Within the client's bounds, on a store where hand-off is sound, and with a
-    /// renewed lease that is still valid.
+    /// renewed lease that is still valid. Never a shared hold: the tasks of a client
+    /// that wait behind shared holders wait for the key exclusive, which a shared hold
+    /// cannot give them.
     fn may_be_handed_on(&self, handed_on: u32) -> bool {
         let HandOff { most, within } = self.holds.hand_off;
         self.holds.backend.hands_off()
+            && self.kind != Kind::Shared
             && handed_on < u32::from(most)
             && self.acquired_at.elapsed() < within
             && self.watchdog_lease.is_some()

@@ -20,7 +20,7 @@ use self::keeper::{Care, Keeper};
 pub(crate) use self::scope::Level;
 use crate::backend::Backend;
 use crate::key::LockName;
-use crate::options::{HandOff, Plan};
+use crate::options::{HandOff, Kind, Plan};
 use crate::queue::{Queues, Turn};
 use crate::telemetry;
 
@@ -132,6 +132,10 @@ impl Hold {
 
     pub(crate) fn fence(&self) -> Option<u64> {
         self.fence
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        self.acquisition.kind
     }
 
     /// Whether a release keeps the lock until at least `until`.

@@ -3,12 +3,14 @@
 -- token, ARGV[4] the queue: 'off' (Redlock), 'respect', or 'join' to take or keep a
 -- place when the lock is busy, ARGV[5] ms the place is kept at least, ARGV[6] claim
 -- window ms, ARGV[7] grant channels' prefix, ARGV[8] publish command
--- Returns {1, token} when granted (token 0 without fencing), or, when the lock is
--- held, {0, pttl, counter}: the longest a waiter must wait, and (with fencing) the
--- last token issued, which Redlock needs to keep tokens increasing. A lock left by
--- an older version (a hash) is never ours, and is busy until its lease ends.
+-- Returns {1, token} when granted (token 0 without fencing); when the lock is held,
+-- {0, ms, counter}: the longest a waiter must wait for a holder's lease to end, and
+-- (with fencing) the last token issued, which Redlock needs to keep tokens
+-- increasing; {2, held} when the lock is held as a kind this one never shares it
+-- with (see `clash`).
 local lock, fence, queue = KEYS[1], KEYS[2], KEYS[3]
 local token, lease, fencing, mode = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4]
+local kind = kind_of(token)
 
 local function granted()
   if mode ~= 'off' then
@@ -20,23 +22,29 @@ local function granted()
   return {1, 0}
 end
 
-local holder = redis.pcall('GET', lock)
-if holder == token then
-  -- Passed to this acquisition by a release: claim it for the whole lease.
-  redis.call('PEXPIRE', lock, lease)
+local held, holders_kind, count = state(lock)
+if holds(lock, token, held, holders_kind) then
+  -- Let in by a release: claim it for the whole lease.
+  set_lease(lock, token, kind, lease)
   return granted()
 end
-if holder == false then
-  local first = nil
-  if mode ~= 'off' then
-    first = redis.call('ZRANGE', queue, 0, 0)[1]
+local other = clash(kind, held, holders_kind)
+if other then
+  return {2, other}
+end
+if mode ~= 'off' and room(kind, held, holders_kind, count) then
+  -- Freed by expiry, or room left, while others wait: the first of them go first.
+  if admit_waiters(lock, queue, ARGV[6], ARGV[7], ARGV[8], token) then
+    held, holders_kind, count = state(lock)
+    if holds(lock, token, held, holders_kind) then
+      set_lease(lock, token, kind, lease)
+      return granted()
+    end
   end
-  if not first or first == token then
-    redis.call('SET', lock, token, 'PX', lease)
-    return granted()
-  end
-  -- Freed by expiry while others wait: the first of them goes first.
-  pass_to_first_waiter(lock, queue, ARGV[6], ARGV[7], ARGV[8])
+end
+if room(kind, held, holders_kind, count) and (mode == 'off' or redis.call('ZCARD', queue) == 0) then
+  set_lease(lock, token, kind, lease)
+  return granted()
 end
 if mode == 'join' then
   -- Places go by arrival, in microseconds of the server's clock.
@@ -46,8 +54,14 @@ if mode == 'join' then
     redis.call('PEXPIRE', queue, ARGV[5])
   end
 end
+local wait = redis.call('PTTL', lock)
+if held == 'counted' then
+  -- The first holder's lease to end.
+  local first = redis.call('ZRANGE', lock, 0, 0, 'WITHSCORES')
+  wait = math.max(0, tonumber(first[2]) - now_ms())
+end
 local counter = 0
 if fencing then
   counter = tonumber(redis.call('GET', fence) or 0)
 end
-return {0, redis.call('PTTL', lock), counter}
+return {0, wait, counter}

@@ -1,7 +1,9 @@
 -- KEYS[1] lock; ARGV[1] the acquisition's token, ARGV[2] lease ms
 -- Returns 1 when the token still holds the lock and its lease was reset, else 0.
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+local lock, token = KEYS[1], ARGV[1]
+local held, holder = state(lock)
+if not holds(lock, token, held, holder) then
   return 0
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+set_lease(lock, token, kind_of(token), ARGV[2])
 return 1

@@ -1,0 +1,124 @@
+-- Who holds a lock, and the queue of acquisitions waiting for it. Prefixed to every
+-- script that reads or changes a lock.
+--
+-- An exclusive holder keeps the lock key as a string: its token, with the lease as the
+-- key's expiry. Holders that share the key (shared holders, or a semaphore's) keep it
+-- as a sorted set of their tokens, each scored by when its lease ends on the server's
+-- clock; the key expires with the last of them. A token says what it asks for:
+-- `<client>:<number>` the lock alone, `<client>:<number>:shared`, or
+-- `<client>:<number>:permits=<n>`. A lock left by an older version (a hash) is busy
+-- until it expires.
+
+local clock = nil
+local function now_ms()
+  if not clock then
+    local time = redis.call('TIME')
+    clock = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  end
+  return clock
+end
+
+-- 'exclusive', 'shared', or a semaphore's number of permits.
+local function kind_of(token)
+  if string.sub(token, -7) == ':shared' then
+    return 'shared'
+  end
+  local permits = string.match(token, ':permits=(%d+)$')
+  if permits then
+    return tonumber(permits)
+  end
+  return 'exclusive'
+end
+
+-- The lock as it stands: 'free'; 'exclusive' and the holder's token; 'counted', the
+-- holders' kind and their number (expired holders dropped); or 'legacy'.
+local function state(lock)
+  local found = redis.call('TYPE', lock)['ok']
+  if found == 'none' then
+    return 'free'
+  elseif found == 'string' then
+    return 'exclusive', redis.call('GET', lock)
+  elseif found == 'zset' then
+    redis.call('ZREMRANGEBYSCORE', lock, '-inf', now_ms())
+    local first = redis.call('ZRANGE', lock, 0, 0)[1]
+    if not first then
+      redis.call('DEL', lock)
+      return 'free'
+    end
+    return 'counted', kind_of(first), redis.call('ZCARD', lock)
+  end
+  return 'legacy'
+end
+
+local function holds(lock, token, held, holder)
+  if held == 'exclusive' then
+    return holder == token
+  end
+  return held == 'counted' and redis.call('ZSCORE', lock, token) ~= false
+end
+
+-- Whether a holder of `kind` may join the lock's holders now.
+local function room(kind, held, holders_kind, count)
+  if held == 'free' then
+    return true
+  end
+  if held ~= 'counted' or kind ~= holders_kind then
+    return false
+  end
+  return kind == 'shared' or count < kind
+end
+
+-- How the lock is held when `kind` can never share it, as a number: 0 a lock (or
+-- its exclusive side), -1 shared, n a semaphore of n permits; else nil. Locks and
+-- shared holders are one read-write lock; a semaphore mixes with neither, nor with a
+-- semaphore of another size.
+local function clash(kind, held, holders_kind)
+  if held == 'exclusive' and type(kind) == 'number' then
+    return 0
+  end
+  if held ~= 'counted' or holders_kind == kind then
+    return nil
+  end
+  if type(kind) == 'number' or type(holders_kind) == 'number' then
+    if holders_kind == 'shared' then
+      return -1
+    end
+    return holders_kind
+  end
+  return nil
+end
+
+local function set_lease(lock, token, kind, lease)
+  if kind == 'exclusive' then
+    redis.call('SET', lock, token, 'PX', lease)
+    return
+  end
+  redis.call('ZADD', lock, now_ms() + lease, token)
+  if redis.call('PTTL', lock) < tonumber(lease) then
+    redis.call('PEXPIRE', lock, lease)
+  end
+end
+
+-- Lets the acquisitions at the head of the queue in while the lock has room for
+-- them, each for a short claim window, and tells each on its client's grant channel
+-- (all but `asking`, which learns from its own reply). Returns whether any got in.
+local function admit_waiters(lock, queue, claim_ms, grants, publish, asking)
+  local admitted = false
+  while true do
+    local first = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not first then
+      return admitted
+    end
+    local kind = kind_of(first)
+    local held, holders_kind, count = state(lock)
+    if not room(kind, held, holders_kind, count) then
+      return admitted
+    end
+    redis.call('ZREM', queue, first)
+    set_lease(lock, first, kind, claim_ms)
+    if first ~= asking then
+      redis.call(publish, grants .. string.match(first, '^[^:]*'), first)
+    end
+    admitted = true
+  end
+end
