@@ -182,7 +182,9 @@ fn contradictions(options: &Options) -> Vec<syn::Error> {
 fn family(options: &Options) -> Vec<syn::Error> {
     let mut errors = Vec::new();
     let shared = on(&options.shared);
-    if let (Some(permits), Some(shared)) = (&options.permits, shared) {
+    // `permits = 1` is a plain lock, which does have a shared side.
+    let semaphore = options.permits.as_ref().filter(|permits| permits.value > 1);
+    if let (Some(permits), Some(shared)) = (semaphore, shared) {
         let permits = permits.value;
         errors.push(shared.error(format!(
             "`shared = true` asks for a read lock, but `permits = {permits}` makes a semaphore, \
@@ -191,7 +193,7 @@ fn family(options: &Options) -> Vec<syn::Error> {
         )));
     }
     if let Some(fencing) = on(&options.fencing) {
-        if let Some(permits) = options.permits.as_ref().filter(|permits| permits.value > 1) {
+        if let Some(permits) = semaphore {
             let permits = permits.value;
             errors.push(fencing.error(format!(
                 "`fencing = true` issues increasing tokens, one holder after another, but \
