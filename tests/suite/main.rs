@@ -9,6 +9,7 @@ mod crash;
 mod hand_off;
 mod http;
 mod lease;
+mod multi;
 mod observability;
 mod operator;
 mod outage;
