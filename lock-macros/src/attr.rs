@@ -22,14 +22,17 @@ mod kw {
     syn::custom_keyword!(watchdog);
     syn::custom_keyword!(reentrant);
     syn::custom_keyword!(fencing);
+    syn::custom_keyword!(permits);
+    syn::custom_keyword!(shared);
+    syn::custom_keyword!(multi);
     syn::custom_keyword!(guard);
     syn::custom_keyword!(client);
     syn::custom_keyword!(on_lost);
 }
 
 const OPTIONS: &str = "`prefix`, `keys`, `spin`, `retries`, `wait_ms`, `timeout_ms`, \
-    `expire_ms`, `max_hold_ms`, `hold_at_least_ms`, `watchdog`, `reentrant`, `fencing`, `guard`, `client`, \
-    `on_lost`, `crate`";
+    `expire_ms`, `max_hold_ms`, `hold_at_least_ms`, `watchdog`, `reentrant`, `fencing`, `permits`, `shared`, \
+    `multi`, `guard`, `client`, `on_lost`, `crate`";
 
 /// Redis rejects longer expiry times; the runtime's `MAX_LEASE`.
 const MAX_LEASE_MS: u64 = 1 << 52;
@@ -75,6 +78,9 @@ pub(crate) struct Options {
     pub(crate) watchdog: Option<Setting<bool>>,
     pub(crate) reentrant: Option<Setting<bool>>,
     pub(crate) fencing: Option<Setting<bool>>,
+    pub(crate) permits: Option<Setting<u32>>,
+    pub(crate) shared: Option<Setting<bool>>,
+    pub(crate) multi: Option<Setting<bool>>,
     pub(crate) guard: Option<Setting<Ident>>,
     pub(crate) client: Option<Setting<Embedded<Expr>>>,
     pub(crate) on_lost: Option<Setting<OnLost>>,
@@ -111,7 +117,13 @@ impl Parse for Options {
             } else if lookahead.peek(kw::reentrant) {
                 set::<kw::reentrant, _>(input, &mut options.reentrant, boolean)?;
             } else if lookahead.peek(kw::fencing) {
-                set::<kw::fencing, _>(input, &mut options.fencing, boolean)?;
+                set::<kw::fencing, _>(input, &mut options.fencing, opt_in)?;
+            } else if lookahead.peek(kw::permits) {
+                set::<kw::permits, _>(input, &mut options.permits, permits)?;
+            } else if lookahead.peek(kw::shared) {
+                set::<kw::shared, _>(input, &mut options.shared, opt_in)?;
+            } else if lookahead.peek(kw::multi) {
+                set::<kw::multi, _>(input, &mut options.multi, opt_in)?;
             } else if lookahead.peek(kw::guard) {
                 set::<kw::guard, _>(input, &mut options.guard, guard)?;
             } else if lookahead.peek(kw::client) {
@@ -300,7 +312,17 @@ fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Expr>> {
     }
 }
 
+/// A switch that is on unless turned off: its example says `false`.
 fn boolean(name: &str, expr: &Expr) -> syn::Result<bool> {
+    switch(name, expr, false)
+}
+
+/// A switch that is off unless turned on: its example says `true`.
+fn opt_in(name: &str, expr: &Expr) -> syn::Result<bool> {
+    switch(name, expr, true)
+}
+
+fn switch(name: &str, expr: &Expr, example: bool) -> syn::Result<bool> {
     match expr {
         Expr::Lit(ExprLit {
             lit: Lit::Bool(lit),
@@ -308,7 +330,7 @@ fn boolean(name: &str, expr: &Expr) -> syn::Result<bool> {
         }) => Ok(lit.value),
         _ => Err(syn::Error::new_spanned(
             expr,
-            format!("`{name}` takes `true` or `false`, like `{name} = false`"),
+            format!("`{name}` takes `true` or `false`, like `{name} = {example}`"),
         )),
     }
 }
@@ -317,6 +339,21 @@ fn retries(name: &str, expr: &Expr) -> syn::Result<u32> {
     let lit = integer(name, expr, 20)?;
     lit.base10_parse()
         .map_err(|_| too_large(&lit, name, u32::MAX))
+}
+
+fn permits(name: &str, expr: &Expr) -> syn::Result<u32> {
+    let lit = integer(name, expr, 5)?;
+    match lit.base10_parse() {
+        Ok(0) => Err(syn::Error::new_spanned(
+            lit,
+            format!(
+                "`{name}` must be at least 1, the number of callers that may hold the lock at \
+                 once; `{name} = 1` is a plain lock"
+            ),
+        )),
+        Ok(permits) => Ok(permits),
+        Err(_) => Err(too_large(&lit, name, u32::MAX)),
+    }
 }
 
 fn millis(name: &str, expr: &Expr) -> syn::Result<u64> {

@@ -150,9 +150,33 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
         let fencing = fencing.value;
         setters.extend(quote!(.fencing(#fencing)));
     }
+    if let Some(permits) = &options.permits {
+        let permits = permits.value;
+        setters.extend(quote!(.permits(#permits)));
+    }
+    if let Some(shared) = &options.shared {
+        let shared = shared.value;
+        setters.extend(quote!(.shared(#shared)));
+    }
 
-    let acquire =
-        or_return(quote!(#private::LockClient::acquire(&#client, &#key, &#lock_options).await));
+    let prefix_value = local("__lock_prefix");
+    let multi = options.multi.as_ref().is_some_and(|multi| multi.value);
+    // With `multi`, each key expression is a lock of its own under the prefix, and
+    // all of them are taken together.
+    let (key_value, acquire) = if multi {
+        let keys = parts.map(|part| quote!(#private::LockKey::new(#prefix_value) #part));
+        (
+            quote!([#(#keys),*]),
+            quote!(#private::LockClient::acquire_all(&#client, #key, &#lock_options).await),
+        )
+    } else {
+        (
+            quote!(#private::LockKey::new(#prefix_value) #(#parts)*),
+            quote!(#private::LockClient::acquire(&#client, &#key, &#lock_options).await),
+        )
+    };
+
+    let acquire = or_return(acquire);
     let on_lost = match options.on_lost.as_ref().map(|on_lost| on_lost.value) {
         None | Some(OnLost::Cancel) => quote!(#private::OnLost::Cancel),
         Some(OnLost::Continue) => quote!(#private::OnLost::Continue),
@@ -203,7 +227,8 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
     let locked = quote! {
         let #lock_error_into = #conversion;
         let #client: #private::LockClient = #client_value;
-        let #key = #private::LockKey::new(#prefix) #(#parts)*;
+        let #prefix_value: &str = #prefix;
+        let #key = #key_value;
         let #lock_options = #private::LockOptions::new() #setters;
         let #guard = #acquire;
         #run

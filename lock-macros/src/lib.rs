@@ -249,7 +249,72 @@ use syn::ItemFn;
 /// ## `fencing = bool`
 ///
 /// Issue a fencing token, strictly increasing per key, with each acquisition. Read it
-/// through `guard`. Defaults to `false`.
+/// through `guard`. Defaults to `false`. Only for exclusive holds: not with `shared`
+/// nor a semaphore (`permits` above 1). With `multi`, the token is the first key's,
+/// in the order the keys are taken.
+///
+/// ## `permits = n`
+///
+/// A semaphore: up to `n` callers hold the key at once, each with a lease of its
+/// own, renewed and lost as a lock's is; the next waits for one of them to let go.
+/// `permits = 1` is a plain lock, and `0` does not compile. Every holder of a key
+/// must ask for the same number of permits: a caller that asks for another, or
+/// takes the key as a lock, gets `LockError::InvalidOptions`. Not with `shared`
+/// (a semaphore has no shared side) nor `fencing` (holders at once cannot have one
+/// increasing token). Refused on a Redlock client at run time with `InvalidOptions`,
+/// since majorities that overlap in no master could grant more permits than there
+/// are.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(prefix = "export", permits = 4)]
+/// async fn export(batch: u64) -> Result<(), LockError> {
+///     Ok(()) // at most four exports run at once, across every process
+/// }
+/// ```
+///
+/// ## `shared = bool`
+///
+/// Take the key as a reader: shared holders hold it together, and an exclusive
+/// holder (any fn or acquire on the same key without `shared`) holds it alone. A
+/// waiting exclusive holder keeps new readers out, so writers do not starve (except
+/// on Redlock, which keeps no queue). Defaults to `false`. Not with `fencing`, nor
+/// with a semaphore (`permits` above 1).
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// #[distributed_lock(prefix = "catalog", keys(id), shared = true)]
+/// async fn read_catalog(id: u64) -> Result<(), LockError> {
+///     Ok(()) // alongside other readers of `catalog:<id>`
+/// }
+///
+/// #[distributed_lock(prefix = "catalog", keys(id))]
+/// async fn write_catalog(id: u64) -> Result<(), LockError> {
+///     Ok(()) // alone: no reader and no other writer
+/// }
+/// ```
+///
+/// ## `multi = bool`
+///
+/// Make each key expression a lock of its own under the prefix, and take them all
+/// before the body runs, or none (through `LockClient::acquire_all`). Without it
+/// (the default), the key expressions are the parts of one lock. Every client
+/// takes keys in one order, whatever order `keys` lists them in, so two calls
+/// that list the same keys in different orders cannot deadlock; a key listed twice
+/// is taken once. The other options apply to each key, and the time to wait is
+/// shared among them. `multi = true` needs `keys`. Taking several locks while
+/// holding one could deadlock, so a `multi` fn called inside a hold of the same
+/// client (another annotated fn's body) fails with `LockError::InvalidOptions`.
+///
+/// ```
+/// # use lock_runtime::{LockError, distributed_lock};
+/// # struct Account { id: u64 }
+/// #[distributed_lock(prefix = "account", keys(from.id, to.id), multi = true)]
+/// async fn transfer(from: &Account, to: &Account, cents: u64) -> Result<(), LockError> {
+///     Ok(()) // alone among the transfers that touch either account
+/// }
+/// # let _ = transfer;
+/// ```
 ///
 /// ## `guard = name`
 ///
@@ -318,7 +383,9 @@ use syn::ItemFn;
 /// that cannot carry a lock error (one error at the return type, naming the bound
 /// it misses); an unknown, repeated or mistyped option; a key expression that
 /// does not parse, does not start from a parameter, or whose value is not `Display`;
-/// a guard named like a parameter; and options that contradict each other.
+/// a guard named like a parameter; and options that contradict each other
+/// (`spin = false` with waiting options, `permits` above 1 with `shared` or
+/// `fencing`, `shared` with `fencing`, `multi` without `keys`).
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     let original = proc_macro2::TokenStream::from(item.clone());

@@ -3,7 +3,7 @@
 use syn::punctuated::Punctuated;
 use syn::{Expr, GenericArgument, Ident, PathArguments, ReturnType, Token, Type, TypeParamBound};
 
-use crate::attr::Options;
+use crate::attr::{Options, Setting};
 use crate::item::Function;
 
 /// How a lock error reaches the caller.
@@ -173,7 +173,56 @@ fn contradictions(options: &Options) -> Vec<syn::Error> {
             ));
         }
     }
+    errors.extend(family(options));
     errors
+}
+
+/// Semaphores, read locks and several keys at once: what each of them cannot be
+/// combined with.
+fn family(options: &Options) -> Vec<syn::Error> {
+    let mut errors = Vec::new();
+    let shared = on(&options.shared);
+    // `permits = 1` is a plain lock, which does have a shared side.
+    let semaphore = options.permits.as_ref().filter(|permits| permits.value > 1);
+    if let (Some(permits), Some(shared)) = (semaphore, shared) {
+        let permits = permits.value;
+        errors.push(shared.error(format!(
+            "`shared = true` asks for a read lock, but `permits = {permits}` makes a semaphore, \
+             which has no shared side; drop `shared` to let up to {permits} callers hold the \
+             lock at once, or drop `permits` for a read lock"
+        )));
+    }
+    if let Some(fencing) = on(&options.fencing) {
+        if let Some(permits) = semaphore {
+            let permits = permits.value;
+            errors.push(fencing.error(format!(
+                "`fencing = true` issues increasing tokens, one holder after another, but \
+                 `permits = {permits}` lets {permits} callers hold the lock at once; drop \
+                 `fencing`, or drop `permits` for a plain lock with fencing tokens"
+            )));
+        }
+        if shared.is_some() {
+            errors.push(fencing.error(
+                "`fencing = true` issues increasing tokens, one holder after another, but \
+                 `shared = true` lets many readers hold the lock at once; drop `fencing`, or \
+                 drop `shared` for an exclusive lock with fencing tokens",
+            ));
+        }
+    }
+    if let Some(multi) = on(&options.multi)
+        && options.keys.is_none()
+    {
+        errors.push(multi.error(
+            "`multi = true` takes one lock per key expression, and there are no `keys`; \
+             list them, like `keys(from.id, to.id)`, or drop `multi`",
+        ));
+    }
+    errors
+}
+
+/// A `name = true` option as written; `None` when absent or `false`.
+fn on(setting: &Option<Setting<bool>>) -> Option<&Setting<bool>> {
+    setting.as_ref().filter(|setting| setting.value)
 }
 
 /// A key must be built from the parameters: every name it starts a value from must

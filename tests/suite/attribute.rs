@@ -528,3 +528,193 @@ async fn instrumented_fns_hold_the_lock_and_run_in_their_span_in_either_order() 
         "each body ran in its fn's span"
     );
 }
+
+#[distributed_lock(client = "locks", prefix = "export", permits = 2, timeout_ms = 10_000)]
+async fn export(locks: LockClient, overlap: Arc<Overlap>) -> Result<(), LockError> {
+    overlap.section(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+/// Two clients, as two processes would be: a broken semaphore on Redis cannot hide
+/// behind one client's local line.
+async fn two_clients(redis: &RedisServer) -> [LockClient; 2] {
+    [
+        LockClient::connect(&redis.url()).await.unwrap(),
+        LockClient::connect(&redis.url()).await.unwrap(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_let_that_many_bodies_run_at_once_across_clients() {
+    let redis = RedisServer::start();
+    let clients = two_clients(&redis).await;
+    let overlap = Arc::new(Overlap::default());
+    let callers: Vec<_> = (0..8)
+        .map(|caller| tokio::spawn(export(clients[caller % 2].clone(), overlap.clone())))
+        .collect();
+    for caller in callers {
+        caller.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        overlap.most(),
+        2,
+        "with two permits, two bodies and never three run at once"
+    );
+}
+
+/// Readers and writers inside at once; an overlap of a writer with anyone is seen by
+/// whichever of the two came in second.
+#[derive(Default)]
+struct ReadWrite {
+    readers: AtomicUsize,
+    writers: AtomicUsize,
+    most_readers: AtomicUsize,
+    writer_overlapped: AtomicBool,
+}
+
+impl ReadWrite {
+    async fn read(&self) {
+        let now = self.readers.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_readers.fetch_max(now, Ordering::SeqCst);
+        if self.writers.load(Ordering::SeqCst) > 0 {
+            self.writer_overlapped.store(true, Ordering::SeqCst);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.readers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    async fn write(&self) {
+        let writers = self.writers.fetch_add(1, Ordering::SeqCst) + 1;
+        if writers > 1 || self.readers.load(Ordering::SeqCst) > 0 {
+            self.writer_overlapped.store(true, Ordering::SeqCst);
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        self.writers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[distributed_lock(
+    client = "locks",
+    prefix = "catalog",
+    keys(id),
+    shared = true,
+    timeout_ms = 10_000
+)]
+async fn read_catalog(locks: LockClient, id: u32, seen: Arc<ReadWrite>) -> Result<(), LockError> {
+    seen.read().await;
+    Ok(())
+}
+
+#[distributed_lock(client = "locks", prefix = "catalog", keys(id), timeout_ms = 10_000)]
+async fn write_catalog(locks: LockClient, id: u32, seen: Arc<ReadWrite>) -> Result<(), LockError> {
+    seen.write().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_bodies_run_together_and_an_exclusive_body_runs_alone() {
+    let redis = RedisServer::start();
+    let clients = two_clients(&redis).await;
+    let seen = Arc::new(ReadWrite::default());
+    let mut callers: Vec<_> = (0..6)
+        .map(|caller| tokio::spawn(read_catalog(clients[caller % 2].clone(), 4, seen.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    callers.extend(
+        (0..3).map(|caller| {
+            tokio::spawn(write_catalog(clients[caller % 2].clone(), 4, seen.clone()))
+        }),
+    );
+    callers
+        .extend((0..3).map(|caller| {
+            tokio::spawn(read_catalog(clients[caller % 2].clone(), 4, seen.clone()))
+        }));
+    for caller in callers {
+        caller.await.unwrap().unwrap();
+    }
+    assert!(
+        !seen.writer_overlapped.load(Ordering::SeqCst),
+        "an exclusive body ran alongside another body"
+    );
+    assert!(
+        seen.most_readers.load(Ordering::SeqCst) >= 2,
+        "shared bodies never ran together"
+    );
+}
+
+/// Which accounts a transfer is inside of; a second transfer coming into one is an
+/// overlap.
+#[derive(Default)]
+struct Accounts {
+    in_use: std::sync::Mutex<std::collections::HashSet<u32>>,
+    overlapped: AtomicBool,
+    transfers: Overlap,
+}
+
+#[distributed_lock(
+    client = "locks",
+    prefix = "account",
+    keys(from, to),
+    multi = true,
+    timeout_ms = 20_000
+)]
+async fn transfer(
+    locks: LockClient,
+    from: u32,
+    to: u32,
+    accounts: Arc<Accounts>,
+) -> Result<(), LockError> {
+    for account in [from, to] {
+        if !accounts.in_use.lock().unwrap().insert(account) {
+            accounts.overlapped.store(true, Ordering::SeqCst);
+        }
+    }
+    accounts.transfers.section(Duration::from_millis(50)).await;
+    let mut in_use = accounts.in_use.lock().unwrap();
+    in_use.remove(&from);
+    in_use.remove(&to);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_key_transfers_exclude_each_other_only_when_they_share_an_account() {
+    let redis = RedisServer::start();
+    let clients = two_clients(&redis).await;
+
+    // A ring of three accounts: every two transfers share one account, whichever
+    // of its keys each takes first.
+    let ring = Arc::new(Accounts::default());
+    let callers: Vec<_> = (0..12)
+        .map(|caller| {
+            let (from, to) = [(1, 2), (2, 3), (3, 1), (2, 1)][caller % 4];
+            tokio::spawn(transfer(
+                clients[caller % 2].clone(),
+                from,
+                to,
+                ring.clone(),
+            ))
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap().unwrap();
+    }
+    assert!(
+        !ring.overlapped.load(Ordering::SeqCst),
+        "two transfers touching one account ran at once"
+    );
+    assert_eq!(ring.transfers.most(), 1);
+
+    let apart = Arc::new(Accounts::default());
+    let (first, second) = tokio::join!(
+        transfer(clients[0].clone(), 10, 11, apart.clone()),
+        transfer(clients[1].clone(), 12, 13, apart.clone()),
+    );
+    first.unwrap();
+    second.unwrap();
+    assert!(!apart.overlapped.load(Ordering::SeqCst));
+    assert_eq!(
+        apart.transfers.most(),
+        2,
+        "transfers between four distinct accounts waited for each other"
+    );
+}
