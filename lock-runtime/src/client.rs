@@ -418,7 +418,17 @@ impl LockClient {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        self.acquirer.acquire_all(&owned(keys), options).await
+        let keys = owned(keys);
+        self.acquire_all_boxed(&keys, options).await
+    }
+
+    /// Boxed, and not generic, for the reason `acquire_planned` is.
+    fn acquire_all_boxed<'a>(
+        &'a self,
+        keys: &'a [String],
+        options: &'a LockOptions,
+    ) -> Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send + 'a>> {
+        Box::pin(self.acquirer.acquire_all(keys, options))
     }
 
     /// Boxed: the waiting loop's future nests deep enough to exhaust the compiler's

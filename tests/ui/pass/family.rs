@@ -1,5 +1,5 @@
-//! Semaphores and read locks: `permits` and `shared`, and the combinations of them
-//! that are allowed.
+//! The lock family: semaphores and read locks (`permits` and `shared`, and the
+//! combinations of them that are allowed), and multi-key locks (`multi`).
 
 use lock_runtime::{LockClient, LockError, LockOptions, distributed_lock};
 
@@ -29,6 +29,15 @@ async fn write_catalog(id: u64) -> Result<u64, LockError> {
     Ok(id)
 }
 
+struct Account {
+    id: u64,
+}
+
+#[distributed_lock(prefix = "account", keys(from.id, to.id), multi = true, guard = accounts)]
+async fn transfer(from: &Account, to: &Account) -> Result<Vec<String>, LockError> {
+    Ok(accounts.keys().into_iter().map(str::to_owned).collect())
+}
+
 fn assert_send<T: Send>(_: T) {}
 
 #[tokio::main(flavor = "current_thread")]
@@ -56,6 +65,16 @@ async fn main() {
     reader.release().await.unwrap();
     assert_eq!(write_catalog(9).await.unwrap(), 9);
 
+    let (a, b) = (Account { id: 1 }, Account { id: 2 });
+    let keys = transfer(&b, &a).await.unwrap();
+    assert_eq!(keys, ["account:1", "account:2"], "one lock per account, in one order");
+    let held = client.acquire("account:2", &LockOptions::new()).await.unwrap();
+    let busy = transfer(&a, &b);
+    let busy = tokio::time::timeout(std::time::Duration::from_secs(5), busy).await;
+    assert!(matches!(busy, Ok(Err(LockError::Timeout { .. }))), "{busy:?}");
+    held.release().await.unwrap();
+
     assert_send(export(1));
+    assert_send(transfer(&a, &b));
     assert_send(read_catalog(1));
 }
