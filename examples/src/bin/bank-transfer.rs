@@ -1,10 +1,11 @@
-//! Bank transfers between accounts, each under the locks of both its accounts,
-//! taken together with `LockClient::acquire_all`. Four tellers move money in
-//! crossing directions (A to B while B to A, B to C, C to A): taking the two locks
-//! one after the other in the order each transfer names them could deadlock;
-//! `acquire_all` takes them in one global order, all or none. Each transfer reads
-//! both balances, pauses, then writes both, so without the locks money would
-//! appear or vanish.
+//! Bank transfers between accounts, each under the locks of both its accounts:
+//! `#[distributed_lock(..., multi = true)]` makes each key expression a lock of its
+//! own and takes them together, as `LockClient::acquire_all` does. Four tellers move
+//! money in crossing directions (A to B while B to A, B to C, C to A): taking the two
+//! locks one after the other in the order each transfer names them could deadlock;
+//! they are taken in one global order, all or none. Each transfer reads both
+//! balances, pauses, then writes both, so without the locks money would appear or
+//! vanish.
 //!
 //! `cargo run -p lock-examples --bin bank-transfer` runs the tellers in this process,
 //! on process memory; with `REDIS_URL` set, the locks live in that Redis (the
@@ -14,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockKey, LockOptions};
+use lock_runtime::{LockClient, LockError, distributed_lock};
 
 const ACCOUNTS: [&str; 3] = ["A", "B", "C"];
 const OPENING_BALANCE: i64 = 1_000;
@@ -22,16 +23,9 @@ const TRANSFERS_PER_TELLER: usize = 50;
 
 type Balances = Arc<Mutex<HashMap<&'static str, i64>>>;
 
-fn account_key(account: &str) -> LockKey {
-    LockKey::new("account").part(account)
-}
-
-// Once `#[distributed_lock]` has `multi = true` (each key expression its own lock,
-// all taken together as `acquire_all` takes them), this fn can say so in its
-// attribute instead of calling `acquire_all`:
-//
-//     #[distributed_lock(client = "locks", prefix = "account", keys = ["from", "to"], multi = true)]
-//     async fn transfer(locks: &LockClient, balances: &Balances, from: &'static str, ...)
+/// Moves `amount` from one account to another if the first has it; returns whether
+/// it did. Excludes every other transfer that touches either account.
+#[distributed_lock(client = "locks", prefix = "account", keys(from, to), multi = true, timeout_ms = 10_000)]
 async fn transfer(
     locks: &LockClient,
     balances: &Balances,
@@ -39,22 +33,17 @@ async fn transfer(
     to: &'static str,
     amount: i64,
 ) -> Result<bool, LockError> {
-    let options = LockOptions::new().timeout(Duration::from_secs(10));
-    let both = locks
-        .acquire_all([account_key(from), account_key(to)], &options)
-        .await?;
     let read = |account| balances.lock().unwrap()[account];
     let (from_balance, to_balance) = (read(from), read(to));
-    let enough = from_balance >= amount;
-    if enough {
-        // A slow ledger: the balances were read, the writes come later.
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        let mut balances = balances.lock().unwrap();
-        balances.insert(from, from_balance - amount);
-        balances.insert(to, to_balance + amount);
+    if from_balance < amount {
+        return Ok(false);
     }
-    both.release().await?;
-    Ok(enough)
+    // A slow ledger: the balances were read, the writes come later.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let mut balances = balances.lock().unwrap();
+    balances.insert(from, from_balance - amount);
+    balances.insert(to, to_balance + amount);
+    Ok(true)
 }
 
 #[tokio::main]
