@@ -19,6 +19,7 @@ on_every_backend!(
     a_released_permit_wakes_a_waiting_client,
     a_permit_whose_lease_ends_is_lost_and_returns,
     the_watchdog_renews_a_permit,
+    operators_see_the_permits_still_held,
 );
 
 /// Holders in a section now, and the most seen at once.
@@ -219,6 +220,32 @@ async fn the_watchdog_renews_a_permit(fixture: Fixture) {
     );
     permit.release().await.unwrap();
     second.unwrap().release().await.unwrap();
+}
+
+async fn operators_see_the_permits_still_held(fixture: Fixture) {
+    if fixture.topology == Topology::Redlock {
+        return;
+    }
+    let two = LockOptions::new().permits(2);
+    let long = fixture
+        .client
+        .acquire("slots", &two.clone().lease(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let short = fixture
+        .other
+        .acquire("slots", &two.lease(Duration::from_millis(400)))
+        .await
+        .unwrap();
+    long.release().await.unwrap();
+    let left = fixture.client.lease_left("slots").await.unwrap();
+    assert!(
+        left.is_some_and(|left| left <= Duration::from_millis(400)),
+        "the lease left is the released permit's: {left:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!fixture.client.is_locked("slots").await.unwrap());
+    drop(short);
 }
 
 /// Permits pass from task to task of one client with no round trip, each chain

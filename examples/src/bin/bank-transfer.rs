@@ -25,7 +25,13 @@ type Balances = Arc<Mutex<HashMap<&'static str, i64>>>;
 
 /// Moves `amount` from one account to another if the first has it; returns whether
 /// it did. Excludes every other transfer that touches either account.
-#[distributed_lock(client = "locks", prefix = "account", keys(from, to), multi = true, timeout_ms = 10_000)]
+#[distributed_lock(
+    client = "locks",
+    prefix = "account",
+    keys(from, to),
+    multi = true,
+    timeout_ms = 10_000
+)]
 async fn transfer(
     locks: &LockClient,
     balances: &Balances,

@@ -18,6 +18,9 @@ if held == 'exclusive' or redis.call('ZCARD', lock) == 1 then
   redis.call('DEL', lock)
 else
   redis.call('ZREM', lock, token)
+  -- The key lives as long as the last lease left, so that its PTTL tells the truth.
+  local last = redis.call('ZRANGE', lock, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', lock, math.max(1, tonumber(last[2]) - now_ms()))
 end
 if waiters == 'queue' and admit_waiters(lock, queue, ARGV[3], ARGV[4], ARGV[6], nil) then
   return 2
