@@ -4,7 +4,9 @@
 //! [`LockClient`]. Every acquisition has a token of its own and a lease; only the
 //! guard that holds the token releases or renews it, a watchdog renews the lease
 //! while the holder works, code running inside a hold re-enters it, and fencing
-//! tokens order the holders of one key.
+//! tokens order the holders of one key. The same machinery takes semaphores
+//! ([`LockOptions::permits`]), read-write locks ([`LockOptions::shared`]) and several
+//! keys at once ([`LockClient::acquire_all`]).
 //!
 //! ```
 //! use lock_runtime::{LockClient, LockError, LockKey, LockOptions};
