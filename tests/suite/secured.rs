@@ -17,8 +17,8 @@ use crate::attribute::Overlap;
 /// `ACL SETUSER locks on >password`: its keys and channels, and its commands.
 const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
 +select \
-+set +get +del +pexpire +pttl +incr +time \
-+zadd +zrem +zrange \
++set +get +del +pexpire +pttl +incr +time +type \
++zadd +zrem +zrange +zcard +zscore +zremrangebyscore \
 +evalsha +script|load \
 +publish +spublish +subscribe +unsubscribe +ssubscribe +sunsubscribe";
 
@@ -70,6 +70,39 @@ async fn exclude_and_wake(first: &LockClient, second: &LockClient, servers: &[&R
 
     wakes(first, second, "seat-1", servers).await;
     wakes(second, first, "seat-2", servers).await;
+    share(first, second).await;
+}
+
+/// The two clients share a semaphore's permits (but on Redlock, which refuses
+/// semaphores) and a key taken shared, which go through the scripts' other paths.
+async fn share(first: &LockClient, second: &LockClient) {
+    let two = LockOptions::new().permits(2);
+    match first.acquire("exports", &two).await {
+        Err(LockError::InvalidOptions { reason, .. }) if reason.contains("Redlock") => {}
+        permit => {
+            let permits = [
+                permit.unwrap(),
+                second.acquire("exports", &two).await.unwrap(),
+            ];
+            assert!(first.try_acquire("exports", &two).await.unwrap().is_none());
+            for permit in permits {
+                permit.release().await.unwrap();
+            }
+        }
+    }
+    let shared = LockOptions::new().shared(true);
+    let readers = [
+        first.acquire("catalog", &shared).await.unwrap(),
+        second.acquire("catalog", &shared).await.unwrap(),
+    ];
+    let writer = second.try_acquire("catalog", &LockOptions::new()).await;
+    assert!(
+        matches!(writer, Ok(None)),
+        "a writer beside readers: {writer:?}"
+    );
+    for reader in readers {
+        reader.release().await.unwrap();
+    }
 }
 
 /// `waiter` waits for the lock on `key` that `holder` holds, and gets it well before
