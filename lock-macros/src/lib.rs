@@ -277,9 +277,9 @@ use syn::ItemFn;
 ///
 /// Take the key as a reader: shared holders hold it together, and an exclusive
 /// holder (any fn or acquire on the same key without `shared`) holds it alone. A
-/// waiting exclusive holder keeps new readers out, so writers do not starve (except
-/// on Redlock, which keeps no queue). Defaults to `false`. Not with `fencing`, nor
-/// with a semaphore (`permits` above 1).
+/// waiting exclusive holder keeps new readers out, so writers do not starve.
+/// Defaults to `false`. Not with `fencing`, nor with a semaphore (`permits` above
+/// 1).
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};

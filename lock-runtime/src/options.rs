@@ -181,8 +181,7 @@ impl LockOptions {
 
     /// Take the key shared, as a reader: shared holders hold it together, and an
     /// exclusive holder (any acquire without `shared`) holds it alone. A waiting
-    /// exclusive holder keeps new shared holders out, so writers do not starve
-    /// (except on Redlock, which keeps no queue).
+    /// exclusive holder keeps new shared holders out, so writers do not starve.
     pub fn shared(mut self, shared: bool) -> Self {
         self.shared = shared;
         self

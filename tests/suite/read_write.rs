@@ -106,10 +106,6 @@ async fn readers_and_writers_of_many_clients_never_overlap(fixture: Fixture) {
 }
 
 async fn an_exclusive_waiter_is_served_while_shared_holders_keep_arriving(fixture: Fixture) {
-    if fixture.topology == Topology::Redlock {
-        // Redlock keeps no queue, so no waiter goes first there (the README says so).
-        return;
-    }
     // Two clients take the key shared every 10 ms for 40 ms each: from the first on,
     // it is never free of readers unless new readers wait for the writer.
     let stop = Arc::new(AtomicBool::new(false));

@@ -9,7 +9,7 @@ use crate::LockError;
 use crate::backend::{Attempt, Backend, CLAIM_WINDOW};
 use crate::hold::{ClientTurn, Grant};
 use crate::key::LockName;
-use crate::options::Plan;
+use crate::options::{Kind, Plan};
 use crate::telemetry;
 
 /// Asks the store for `name` during the client's `turn`, sleeping between attempts
@@ -38,7 +38,9 @@ pub(super) async fn until_granted(
             None => acquirer.tokens.next(plan.kind),
         };
         // Only a client that hears when the lock is passed to it may queue for it.
-        let join = (plan.spin && backend.keeps_waiters() && releases.is_some())
+        // Where nobody is passed the lock, only writers are kept, to hold off readers.
+        let keeps_place = backend.queues() || plan.kind == Kind::Exclusive;
+        let join = (plan.spin && keeps_place && releases.is_some())
             .then(|| deadline.saturating_duration_since(Instant::now()) + CLAIM_WINDOW);
         let sent_at = Instant::now();
         attempts += 1;

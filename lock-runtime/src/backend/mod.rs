@@ -55,16 +55,26 @@ pub(crate) enum Released {
     Freed,
 }
 
-/// How an acquire attempt treats the clients queued for the lock.
+/// How an acquire attempt treats the acquisitions queued for the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Queue {
-    /// There is no queue.
-    Off,
     /// A free lock goes to the first in the queue; the attempt does not join it.
     Respect,
     /// Takes a place at the back when the lock is busy, or keeps the place it has,
     /// for at least this long.
     Join(Duration),
+    /// Only waiting writers are kept, in no order, and nobody is passed the lock
+    /// (Redlock, where each master would pass it to another client): an exclusive
+    /// attempt that finds the lock busy stays marked as waiting for at least this
+    /// long, if given, and shared attempts wait while any writer does.
+    Writers(Option<Duration>),
+}
+
+impl Queue {
+    /// Whether the attempt may leave a place behind, to be withdrawn when unused.
+    fn joins(self) -> bool {
+        matches!(self, Queue::Join(_) | Queue::Writers(Some(_)))
+    }
 }
 
 /// Who a release tells.
@@ -142,13 +152,6 @@ impl Backend {
         matches!(self.store, Store::Redis(_))
     }
 
-    /// Whether the store keeps track of waiting acquisitions: the queue where it
-    /// queues, and in memory the exclusive waiters that keep new shared holders out.
-    /// Not on Redlock.
-    pub(crate) fn keeps_waiters(&self) -> bool {
-        !matches!(self.store, Store::Redlock(_))
-    }
-
     /// Whether a semaphore can be sound here. Not on Redlock: with 2 permits and
     /// masters A, B and C, holders granted by {A,B}, {A,C} and {B,C} make three.
     pub(crate) fn counts_permits(&self) -> bool {
@@ -157,10 +160,10 @@ impl Backend {
 
     /// Tries to take `name` under `token`, a hold of `kind`; with `join`, a busy
     /// lock puts the token in the queue for it, for at least that long (where the
-    /// store queues; in memory, an exclusive waiter only keeps new shared holders
-    /// out). If the caller goes before the answer, or the answer is an error (the
-    /// request may still have been applied), the token is withdrawn in the
-    /// background.
+    /// store queues; on Redlock and in memory, only an exclusive waiter is kept,
+    /// and only to keep new shared holders out). If the caller goes before the
+    /// answer, or the answer is an error (the request may still have been applied),
+    /// the token is withdrawn in the background.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         name: &Arc<LockName>,
@@ -173,15 +176,16 @@ impl Backend {
         if let Store::Memory(memory) = &self.store {
             return Ok(memory.acquire(name, token, kind, lease, fencing, join));
         }
-        let queue = match join {
-            Some(stay) => Queue::Join(stay),
-            None => Queue::Respect,
+        let queue = match (&self.store, join) {
+            (Store::Redlock(_), join) => Queue::Writers(join),
+            (_, Some(stay)) => Queue::Join(stay),
+            (_, None) => Queue::Respect,
         };
         let claim = Claim {
             backend: self.clone(),
             name: name.clone(),
             token: token.clone(),
-            joined: join.is_some(),
+            joined: queue.joins(),
         };
         let request = {
             let claim = claim.clone();
@@ -220,7 +224,11 @@ impl Backend {
         match &self.store {
             Store::Redis(node) => node.acquire(name, token, kind, lease, fencing, queue).await,
             Store::Memory(_) => unreachable!("memory answers at once, with nothing to finish"),
-            Store::Redlock(redlock) => redlock.acquire(name, token, kind, lease, fencing).await,
+            Store::Redlock(redlock) => {
+                redlock
+                    .acquire(name, token, kind, lease, fencing, queue)
+                    .await
+            }
         }
     }
 

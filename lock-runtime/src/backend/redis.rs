@@ -122,7 +122,7 @@ impl RedisNode {
         queue: Queue,
     ) -> Result<Attempt, LockError> {
         let mut connection = self.connection.clone();
-        if kind == Kind::Exclusive && !fencing && !matches!(queue, Queue::Join(_)) {
+        if kind == Kind::Exclusive && !fencing && !queue.joins() {
             // A native `SET NX` does the job without a script. It also respects a lock
             // passed to a waiter; it takes a lock freed by expiry before the queue does.
             // `GET` makes it fail with `WRONGTYPE` on a key that is no string: holders
@@ -152,9 +152,9 @@ impl RedisNode {
             }
         }
         let (mode, stay) = match queue {
-            Queue::Off => ("off", Duration::ZERO),
             Queue::Respect => ("respect", Duration::ZERO),
             Queue::Join(stay) => ("join", stay),
+            Queue::Writers(stay) => ("writers", stay.unwrap_or_default()),
         };
         let mut invocation = ACQUIRE.key(&name.hash);
         invocation

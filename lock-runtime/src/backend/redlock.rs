@@ -82,11 +82,12 @@ impl Redlock {
         kind: Kind,
         lease: Duration,
         fencing: bool,
+        queue: Queue,
     ) -> Result<Attempt, LockError> {
         let started = Instant::now();
         let answers = self
             .on_every_node(name, token, move |node, name, token| async move {
-                node.acquire(&name, &token, kind, lease, fencing, Queue::Off)
+                node.acquire(&name, &token, kind, lease, fencing, queue)
                     .await
             })
             .await;

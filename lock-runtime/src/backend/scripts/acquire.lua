@@ -1,8 +1,10 @@
 -- KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] queue of waiting acquisitions
 -- ARGV[1] the acquisition's token, ARGV[2] lease ms, ARGV[3] '1' to issue a fencing
--- token, ARGV[4] the queue: 'off' (Redlock), 'respect', or 'join' to take or keep a
--- place when the lock is busy, ARGV[5] ms the place is kept at least, ARGV[6] claim
--- window ms, ARGV[7] grant channels' prefix, ARGV[8] publish command
+-- token, ARGV[4] the queue: 'respect', 'join' to take or keep a place when the lock
+-- is busy, or 'writers' (Redlock: waiting writers are kept, in no order, only to
+-- hold off new shared holders, and nobody is passed the lock), ARGV[5] ms the place
+-- is kept at least ('writers': 0 to take none), ARGV[6] claim window ms, ARGV[7]
+-- grant channels' prefix, ARGV[8] publish command
 -- Returns {1, token} when granted (token 0 without fencing); when the lock is held,
 -- {0, ms, counter}: the longest a waiter must wait for a holder's lease to end, and
 -- (with fencing) the last token issued, which Redlock needs to keep tokens
@@ -13,9 +15,7 @@ local token, lease, fencing, mode = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4]
 local kind = kind_of(token)
 
 local function granted()
-  if mode ~= 'off' then
-    redis.call('ZREM', queue, token)
-  end
+  redis.call('ZREM', queue, token)
   if fencing then
     return {1, redis.call('INCR', fence)}
   end
@@ -32,7 +32,8 @@ local other = clash(kind, held, holders_kind)
 if other then
   return {2, other}
 end
-if mode ~= 'off' and room(kind, held, holders_kind, count) then
+local ordered = mode ~= 'writers'
+if ordered and room(kind, held, holders_kind, count) then
   -- Freed by expiry, or room left, while others wait: the first of them go first.
   if admit_waiters(lock, queue, ARGV[6], ARGV[7], ARGV[8], token) then
     held, holders_kind, count = state(lock)
@@ -42,11 +43,13 @@ if mode ~= 'off' and room(kind, held, holders_kind, count) then
     end
   end
 end
-if room(kind, held, holders_kind, count) and (mode == 'off' or redis.call('ZCARD', queue) == 0) then
+-- Behind the queue; where it keeps only writers, only a shared holder waits for them.
+local behind = (ordered or kind == 'shared') and redis.call('ZCARD', queue) > 0
+if room(kind, held, holders_kind, count) and not behind then
   set_lease(lock, token, kind, lease)
   return granted()
 end
-if mode == 'join' then
+if mode == 'join' or (mode == 'writers' and kind == 'exclusive' and ARGV[5] ~= '0') then
   -- Places go by arrival, in microseconds of the server's clock.
   local now = redis.call('TIME')
   redis.call('ZADD', queue, 'NX', now[1] .. string.format('%06d', now[2]), token)

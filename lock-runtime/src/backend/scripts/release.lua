@@ -8,9 +8,7 @@
 local lock, queue, token, waiters = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local held, holder = state(lock)
 if not holds(lock, token, held, holder) then
-  if waiters == 'queue' then
-    redis.call('ZREM', queue, token)
-  end
+  redis.call('ZREM', queue, token)
   return 0
 end
 -- Held under the token: it left the queue when it was granted.
