@@ -11,7 +11,7 @@ use lock_runtime::{LockError, LockOptions};
 use lock_tests::RedisServer;
 use tokio::time::Instant;
 
-use crate::behaviour::{Fixture, Topology, on_every_backend};
+use crate::behaviour::{Fixture, on_every_backend};
 
 on_every_backend!(
     shared_holders_overlap_and_an_exclusive_holder_is_alone,
