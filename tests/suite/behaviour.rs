@@ -283,7 +283,9 @@ async fn retries_end_in_timeout(fixture: Fixture) {
     let holder = fixture
         .hold_elsewhere("job", LockOptions::new().lease(Duration::from_secs(10)))
         .await;
-    let wait = Duration::from_millis(10);
+    // Pauses long enough that a loaded machine does not eat the spare one in the
+    // budget (`retries + 2` pauses) before the last retry is made.
+    let wait = Duration::from_millis(40);
     let trips_before = fixture.round_trips();
     let started = Instant::now();
     let result = fixture

@@ -33,12 +33,13 @@ end
 -- The lock as it stands: 'free'; 'exclusive' and the holder's token; 'counted', the
 -- holders' kind and their number (expired holders dropped); or 'legacy'.
 local function state(lock)
-  local found = redis.call('TYPE', lock)['ok']
-  if found == 'none' then
+  -- A lock is most often a string: one read tells, and only another type costs two.
+  local holder = redis.pcall('GET', lock)
+  if holder == false then
     return 'free'
-  elseif found == 'string' then
-    return 'exclusive', redis.call('GET', lock)
-  elseif found == 'zset' then
+  elseif type(holder) == 'string' then
+    return 'exclusive', holder
+  elseif redis.call('TYPE', lock)['ok'] == 'zset' then
     redis.call('ZREMRANGEBYSCORE', lock, '-inf', now_ms())
     local first = redis.call('ZRANGE', lock, 0, 0)[1]
     if not first then
