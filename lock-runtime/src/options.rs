@@ -357,6 +357,16 @@ pub(crate) enum Kind {
     Permit(u32),
 }
 
+impl Kind {
+    /// Whether holds of the two kinds can be of one key: the same kind, or a lock
+    /// and shared holders, which are one read-write lock. A semaphore mixes with
+    /// nothing else, a semaphore of another size included.
+    pub(crate) fn mixes_with(self, other: Kind) -> bool {
+        let semaphore = |kind| matches!(kind, Kind::Permit(_));
+        self == other || !(semaphore(self) || semaphore(other))
+    }
+}
+
 impl fmt::Display for Kind {
     /// How the key is held, for messages: "held as a lock".
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -430,6 +440,16 @@ mod tests {
         assert!(reason(LockOptions::new().permits(3).shared(true)).contains("no shared side"));
         assert!(reason(LockOptions::new().permits(3).fencing(true)).contains("fencing"));
         assert!(reason(LockOptions::new().shared(true).fencing(true)).contains("fencing"));
+    }
+
+    #[test]
+    fn only_a_lock_and_shared_holders_mix() {
+        assert!(Kind::Exclusive.mixes_with(Kind::Shared));
+        assert!(Kind::Shared.mixes_with(Kind::Exclusive));
+        assert!(Kind::Permit(3).mixes_with(Kind::Permit(3)));
+        assert!(!Kind::Permit(3).mixes_with(Kind::Permit(2)));
+        assert!(!Kind::Permit(3).mixes_with(Kind::Exclusive));
+        assert!(!Kind::Shared.mixes_with(Kind::Permit(2)));
     }
 
     #[test]

@@ -90,8 +90,7 @@ impl<H> Queues<H> {
             releases: None,
             handed: Vec::new(),
         });
-        let semaphore = |kind| matches!(kind, Kind::Permit(_));
-        if line.kind != kind && (semaphore(line.kind) || semaphore(kind)) {
+        if !line.kind.mixes_with(kind) {
             return Err(line.kind);
         }
         line.places += 1;

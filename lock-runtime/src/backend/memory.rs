@@ -45,10 +45,7 @@ impl Holders {
 
     /// The kind the lock is held as when `kind` can never share it.
     fn clash(&self, kind: Kind) -> Option<Kind> {
-        let semaphore = |kind| matches!(kind, Kind::Permit(_));
-        let clashes = !self.leases.is_empty()
-            && self.kind != kind
-            && (semaphore(self.kind) || semaphore(kind));
+        let clashes = !self.leases.is_empty() && !self.kind.mixes_with(kind);
         clashes.then_some(self.kind)
     }
 
