@@ -2,7 +2,6 @@
 //! exclusive holder (a plain lock) holds it alone, and a waiting exclusive holder
 //! keeps new shared holders out.
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -12,6 +11,7 @@ use lock_tests::RedisServer;
 use tokio::time::Instant;
 
 use crate::behaviour::{Fixture, on_every_backend};
+use crate::semaphore::most_at_once_in_processes;
 
 on_every_backend!(
     shared_holders_overlap_and_an_exclusive_holder_is_alone,
@@ -200,26 +200,10 @@ async fn the_watchdog_renews_a_shared_hold(fixture: Fixture) {
 
 /// The central claim across processes: three processes of readers and writers on
 /// one key never see a writer beside anyone, and do see readers together.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn processes_of_readers_and_writers_never_overlap() {
+#[test]
+fn processes_of_readers_and_writers_never_overlap() {
     let redis = RedisServer::start();
-    let workers: Vec<_> = (0..3)
-        .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_family-worker"))
-                .args([&redis.url(), "catalog", "60", "read-write"])
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("start a worker")
-        })
-        .collect();
-    let mut most = 0;
-    for worker in workers {
-        let output = worker.wait_with_output().unwrap();
-        let said = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "a worker saw an overlap: {said}");
-        let at_once = said.trim().rsplit('=').next().unwrap();
-        most = most.max(at_once.parse::<usize>().unwrap());
-    }
+    let most = most_at_once_in_processes(&redis, "catalog", "read-write");
     assert!(
         most >= 2,
         "readers of two processes never held the key together"
