@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Attempt;
 use super::signals::Signals;
+use super::{Attempt, Queue};
 use crate::key::LockName;
 use crate::options::Kind;
 
@@ -69,7 +69,7 @@ impl MemoryStore {
         kind: Kind,
         lease: Duration,
         fencing: bool,
-        join: Option<Duration>,
+        queue: Queue,
     ) -> Attempt {
         let now = Instant::now();
         let mut state = self.state();
@@ -86,7 +86,7 @@ impl MemoryStore {
         }
         let writer_first = kind == Kind::Shared && !waiting.is_empty();
         if !holders.has_room_for(kind) || writer_first {
-            if let (Kind::Exclusive, Some(stay)) = (kind, join) {
+            if let (Kind::Exclusive, Queue::Writers(Some(stay))) = (kind, queue) {
                 waiting.insert(token.to_owned(), now + stay);
             }
             let retry_in = holders.first_lease_end().map(|end| end - now);

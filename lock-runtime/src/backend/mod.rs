@@ -64,9 +64,9 @@ pub(crate) enum Queue {
     /// for at least this long.
     Join(Duration),
     /// Only waiting writers are kept, in no order, and nobody is passed the lock
-    /// (Redlock, where each master would pass it to another client): an exclusive
-    /// attempt that finds the lock busy stays marked as waiting for at least this
-    /// long, if given, and shared attempts wait while any writer does.
+    /// (Redlock, where each master would pass it to another client, and memory): an
+    /// exclusive attempt that finds the lock busy stays marked as waiting for at
+    /// least this long, if given, and shared attempts wait while any writer does.
     Writers(Option<Duration>),
 }
 
@@ -173,14 +173,14 @@ impl Backend {
         fencing: bool,
         join: Option<Duration>,
     ) -> Result<Attempt, LockError> {
-        if let Store::Memory(memory) = &self.store {
-            return Ok(memory.acquire(name, token, kind, lease, fencing, join));
-        }
         let queue = match (&self.store, join) {
-            (Store::Redlock(_), join) => Queue::Writers(join),
-            (_, Some(stay)) => Queue::Join(stay),
-            (_, None) => Queue::Respect,
+            (Store::Redis(_), Some(stay)) => Queue::Join(stay),
+            (Store::Redis(_), None) => Queue::Respect,
+            (_, join) => Queue::Writers(join),
         };
+        if let Store::Memory(memory) = &self.store {
+            return Ok(memory.acquire(name, token, kind, lease, fencing, queue));
+        }
         let claim = Claim {
             backend: self.clone(),
             name: name.clone(),
@@ -223,7 +223,7 @@ impl Backend {
     ) -> Result<Attempt, LockError> {
         match &self.store {
             Store::Redis(node) => node.acquire(name, token, kind, lease, fencing, queue).await,
-            Store::Memory(_) => unreachable!("memory answers at once, with nothing to finish"),
+            Store::Memory(memory) => Ok(memory.acquire(name, token, kind, lease, fencing, queue)),
             Store::Redlock(redlock) => {
                 redlock
                     .acquire(name, token, kind, lease, fencing, queue)
