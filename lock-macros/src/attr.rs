@@ -2,12 +2,14 @@
 
 use std::fmt::Display;
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::{Expr, ExprLit, ExprUnary, Ident, Lit, LitInt, LitStr, Path, Token, UnOp, token};
+
+use crate::span::{ends, respan};
 
 mod kw {
     syn::custom_keyword!(prefix);
@@ -37,6 +39,9 @@ const OPTIONS: &str = "`prefix`, `keys`, `spin`, `retries`, `wait_ms`, `timeout_
 /// Redis rejects longer expiry times; the runtime's `MAX_LEASE`.
 const MAX_LEASE_MS: u64 = 1 << 52;
 
+/// The lease without `expire_ms`; the runtime's `WATCHDOG_LEASE`.
+pub(crate) const WATCHDOG_LEASE_MS: u64 = 30_000;
+
 /// One option as written: its value, and its `name = value` tokens for errors about
 /// the option as a whole.
 pub(crate) struct Setting<T> {
@@ -50,11 +55,39 @@ impl<T> Setting<T> {
     }
 }
 
-/// Rust code written inside a string literal. The parsed tokens carry the literal's
-/// span, so that type errors in the code point at the literal.
-pub(crate) struct Embedded<T> {
-    pub(crate) lit: LitStr,
+/// Rust code given to an option, written as code or inside a string literal, with
+/// where its first and last tokens are: type errors in the code point from one to
+/// the other. Parsed from a string, every token is located at the string.
+pub(crate) struct Code<T> {
     pub(crate) code: T,
+    pub(crate) first: Span,
+    pub(crate) last: Span,
+    in_string: bool,
+}
+
+impl<T: ToTokens> Code<T> {
+    fn written(code: T) -> Code<T> {
+        let (first, last) = ends(&code);
+        Code {
+            code,
+            first,
+            last,
+            in_string: false,
+        }
+    }
+
+    /// The code to expand. Code from a string stays located at the string, but
+    /// resolves as the attribute's own tokens do: the compiler then reports its
+    /// errors at the string without suggesting code to put in its place, which
+    /// would replace the whole string.
+    pub(crate) fn tokens(&self) -> TokenStream {
+        let tokens = self.code.to_token_stream();
+        if self.in_string {
+            respan(tokens, self.first.resolved_at(Span::call_site()))
+        } else {
+            tokens
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -67,7 +100,7 @@ pub(crate) enum OnLost {
 pub(crate) struct Options {
     pub(crate) prefix: Option<Setting<LitStr>>,
     /// Each key expression; parsed from a string, its tokens carry the string's span.
-    pub(crate) keys: Option<Setting<Vec<Expr>>>,
+    pub(crate) keys: Option<Setting<Vec<Code<Expr>>>>,
     pub(crate) spin: Option<Setting<bool>>,
     pub(crate) retries: Option<Setting<u32>>,
     pub(crate) wait_ms: Option<Setting<u64>>,
@@ -82,9 +115,9 @@ pub(crate) struct Options {
     pub(crate) shared: Option<Setting<bool>>,
     pub(crate) multi: Option<Setting<bool>>,
     pub(crate) guard: Option<Setting<Ident>>,
-    pub(crate) client: Option<Setting<Embedded<Expr>>>,
+    pub(crate) client: Option<Setting<Code<Expr>>>,
     pub(crate) on_lost: Option<Setting<OnLost>>,
-    pub(crate) krate: Option<Setting<Embedded<Path>>>,
+    pub(crate) krate: Option<Setting<Code<Path>>>,
 }
 
 impl Parse for Options {
@@ -126,6 +159,8 @@ impl Parse for Options {
                 set::<kw::multi, _>(input, &mut options.multi, opt_in)?;
             } else if lookahead.peek(kw::guard) {
                 set::<kw::guard, _>(input, &mut options.guard, guard)?;
+            } else if lookahead.peek(kw::client) && input.peek2(token::Paren) {
+                client_expr(input, &mut options.client)?;
             } else if lookahead.peek(kw::client) {
                 set::<kw::client, _>(input, &mut options.client, client)?;
             } else if lookahead.peek(kw::on_lost) {
@@ -186,7 +221,10 @@ fn first_keyword<K: Parse + ToTokens>(input: ParseStream<'_>, given: bool) -> sy
 
 /// `keys(req.user_id, from.id)`: the key expressions written as code, which editors
 /// complete and rename like any other.
-fn key_exprs(input: ParseStream<'_>, slot: &mut Option<Setting<Vec<Expr>>>) -> syn::Result<()> {
+fn key_exprs(
+    input: ParseStream<'_>,
+    slot: &mut Option<Setting<Vec<Code<Expr>>>>,
+) -> syn::Result<()> {
     let keyword: kw::keys = first_keyword(input, slot.is_some())?;
     let content;
     let paren = syn::parenthesized!(content in input);
@@ -200,7 +238,27 @@ fn key_exprs(input: ParseStream<'_>, slot: &mut Option<Setting<Vec<Expr>>>) -> s
     let mut tokens = keyword.to_token_stream();
     paren.surround(&mut tokens, |tokens| exprs.to_tokens(tokens));
     *slot = Some(Setting {
-        value: exprs.into_iter().collect(),
+        value: exprs.into_iter().map(Code::written).collect(),
+        tokens,
+    });
+    Ok(())
+}
+
+/// `client(self.locks)`: the client written as code, like `keys(..)`.
+fn client_expr(input: ParseStream<'_>, slot: &mut Option<Setting<Code<Expr>>>) -> syn::Result<()> {
+    let keyword: kw::client = first_keyword(input, slot.is_some())?;
+    let content;
+    let paren = syn::parenthesized!(content in input);
+    let expr: Expr = content.parse()?;
+    if !content.is_empty() {
+        return Err(content.error(
+            "`client(..)` takes one expression, the `LockClient` to use, like `client(self.locks)`",
+        ));
+    }
+    let mut tokens = keyword.to_token_stream();
+    paren.surround(&mut tokens, |tokens| expr.to_tokens(tokens));
+    *slot = Some(Setting {
+        value: Code::written(expr),
         tokens,
     });
     Ok(())
@@ -253,11 +311,11 @@ fn embedded<T>(
     example: &str,
     what: &str,
     parse: fn(ParseStream<'_>) -> syn::Result<T>,
-) -> syn::Result<Embedded<T>> {
+) -> syn::Result<Code<T>> {
     let lit = string(expr, || {
         format!("`{name}` takes {what} in a string, like `{name} = \"{example}\"`")
     })?;
-    // `LitStr::parse_with` re-spans every parsed token to the literal.
+    // `LitStr::parse_with` locates every parsed token at the literal.
     let code = lit.parse_with(parse).map_err(|error| {
         let source = lit.value();
         let reason = match source.parse::<TokenStream>() {
@@ -269,7 +327,12 @@ fn embedded<T>(
             format!("{noun} `{source}` is not {what}: {reason}"),
         )
     })?;
-    Ok(Embedded { lit, code })
+    Ok(Code {
+        code,
+        first: lit.span(),
+        last: lit.span(),
+        in_string: true,
+    })
 }
 
 fn prefix(name: &str, expr: &Expr) -> syn::Result<LitStr> {
@@ -285,7 +348,7 @@ fn prefix(name: &str, expr: &Expr) -> syn::Result<LitStr> {
     Ok(lit)
 }
 
-fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Expr>> {
+fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Code<Expr>>> {
     let key = |expr: &Expr| {
         embedded(
             name,
@@ -295,7 +358,6 @@ fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Expr>> {
             "an expression",
             Expr::parse,
         )
-        .map(|key| key.code)
     };
     match expr {
         Expr::Array(array) if array.elems.is_empty() => Err(syn::Error::new_spanned(
@@ -392,7 +454,16 @@ fn guard(name: &str, expr: &Expr) -> syn::Result<Ident> {
     })
 }
 
-fn client(name: &str, expr: &Expr) -> syn::Result<Embedded<Expr>> {
+fn client(name: &str, expr: &Expr) -> syn::Result<Code<Expr>> {
+    if !matches!(expr, Expr::Lit(_)) {
+        return Err(syn::Error::new_spanned(
+            expr,
+            format!(
+                "`{name}` takes an expression, like `{name}(self.locks)`, or the same in a \
+                 string: `{name} = \"self.locks\"`"
+            ),
+        ));
+    }
     embedded(
         name,
         "client",
@@ -403,7 +474,7 @@ fn client(name: &str, expr: &Expr) -> syn::Result<Embedded<Expr>> {
     )
 }
 
-fn krate(name: &str, expr: &Expr) -> syn::Result<Embedded<Path>> {
+fn krate(name: &str, expr: &Expr) -> syn::Result<Code<Path>> {
     embedded(
         name,
         "crate",
@@ -424,5 +495,22 @@ fn on_lost(name: &str, expr: &Expr) -> syn::Result<OnLost> {
             lit,
             format!("{expected}, not `\"{other}\"`"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_LEASE_MS, WATCHDOG_LEASE_MS};
+
+    #[test]
+    fn the_leases_checked_here_are_the_runtime_s() {
+        assert_eq!(
+            u128::from(WATCHDOG_LEASE_MS),
+            lock_runtime::WATCHDOG_LEASE.as_millis()
+        );
+        assert_eq!(
+            u128::from(MAX_LEASE_MS),
+            lock_runtime::MAX_LEASE.as_millis()
+        );
     }
 }

@@ -7,6 +7,7 @@ use syn::{Ident, LitStr};
 
 use crate::attr::{OnLost, Options};
 use crate::item::Function;
+use crate::span::{ends, respan};
 use crate::valid::Returns;
 
 pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -> TokenStream {
@@ -22,7 +23,7 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
     let lock_error_into = local("__lock_error_into");
 
     let krate = match &options.krate {
-        Some(krate) => krate.value.code.to_token_stream(),
+        Some(krate) => krate.value.tokens(),
         None => quote!(::lock_runtime),
     };
     let private = quote!(#krate::__private);
@@ -66,13 +67,18 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
     };
     let client_value = match &options.client {
         Some(setting) => {
-            let expr = follow_self(setting.value.code.to_token_stream());
+            let code = &setting.value;
+            let mut expr = proc_macro2::Group::new(
+                proc_macro2::Delimiter::Parenthesis,
+                follow_self(code.tokens()),
+            );
+            expr.set_span(code.last);
             let given = local("__lock_given_client");
             // Typed as a reference so that `LockClient`, `&LockClient` and what derefs
-            // to one all coerce, and anything else is a type error at the literal.
-            quote_spanned! {setting.value.lit.span()=>
+            // to one all coerce, and anything else is a type error at the expression.
+            quote_spanned! {code.first=>
                 {
-                    let #given: &#private::LockClient = &(#expr);
+                    let #given: &#private::LockClient = &#expr;
                     <#private::LockClient as ::core::clone::Clone>::clone(#given)
                 }
             }
@@ -81,13 +87,23 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
     };
 
     // By default the fn's module path and name, so that two fns named alike in two
-    // modules never share a lock.
+    // modules never share a lock; the runtime refuses it to a second fn that comes to
+    // the same one (see `default_prefix`).
     let prefix = match &options.prefix {
         Some(prefix) => prefix.value.to_token_stream(),
         None => {
             let ident = &function.sig().ident;
             let name = LitStr::new(&ident.unraw().to_string(), ident.span());
-            quote!(::core::concat!(::core::module_path!(), "::", #name))
+            let site = local("__LOCK_SITE");
+            or_return(quote! {
+                #private::default_prefix(
+                    {
+                        static #site: #private::Site = #private::Site::new();
+                        &#site
+                    },
+                    ::core::concat!(::core::module_path!(), "::", #name),
+                )
+            })
         }
     };
     // The cast, spanned over the key, is the one place a value that is not `Display`
@@ -97,14 +113,13 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
         .iter()
         .flat_map(|keys| &keys.value)
         .map(|part| {
-            let (first, last) = ends(part);
             let mut expr = proc_macro2::Group::new(
                 proc_macro2::Delimiter::Parenthesis,
-                follow_self(part.to_token_stream()),
+                follow_self(part.tokens()),
             );
-            expr.set_span(last);
-            let open = quote_spanned!(first=> &);
-            let cast = respan(quote!(as &dyn ::core::fmt::Display), last);
+            expr.set_span(part.last);
+            let open = quote_spanned!(part.first=> &);
+            let cast = respan(quote!(as &dyn ::core::fmt::Display), part.last);
             quote!(.part(#open #expr #cast))
         });
 
@@ -234,36 +249,6 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
         #run
     };
     function.into_item(locked).into_token_stream()
-}
-
-/// The spans of the first and the last token of `tokens`: an expression whose every
-/// token is located in the user's code, from the first to the last, is reported
-/// over all of `tokens` (one token located at the attribute would move it there).
-fn ends(tokens: &impl ToTokens) -> (Span, Span) {
-    let mut tokens = tokens.to_token_stream().into_iter();
-    let first = tokens
-        .next()
-        .map_or_else(Span::call_site, |token| token.span());
-    let last = tokens.last().map_or(first, |token| token.span());
-    (first, last)
-}
-
-/// `tokens`, every one located at `span`.
-fn respan(tokens: TokenStream, span: Span) -> TokenStream {
-    tokens
-        .into_iter()
-        .map(|mut token| {
-            if let TokenTree::Group(group) = &token {
-                let mut group =
-                    proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
-                group.set_span(span);
-                token = TokenTree::Group(group);
-            } else {
-                token.set_span(span);
-            }
-            token
-        })
-        .collect()
 }
 
 /// `self` as `#[async_trait]`'s `__self`, except in paths such as `self::NAME`.

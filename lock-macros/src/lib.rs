@@ -10,6 +10,8 @@
 mod attr;
 mod expand;
 mod item;
+mod manifest;
+mod span;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -60,11 +62,15 @@ use syn::ItemFn;
 /// }
 /// ```
 ///
-/// On a method of an `#[async_trait]` impl, which `async_trait` has rewritten by the
-/// time the attribute runs, the attribute finds the body in what `async_trait` made
-/// and locks around it; keys and `client` still say `self`. The attribute stacks with
-/// `#[tracing::instrument]` and `#[axum::debug_handler]` in either order, and goes
-/// under Actix's route macros (`#[post("/")]`).
+/// On a method of an `#[async_trait]` impl or trait, which `async_trait` has
+/// rewritten by the time the attribute runs, the attribute finds the body in what
+/// `async_trait` made and locks around it; keys and `client` still say `self`. It
+/// takes `async_trait`'s output only as `async_trait` writes it, and refuses any
+/// other fn that returns a future (a boxed one written by hand included): it could
+/// not tell which part of such a fn is the body, and would lock less than it seems
+/// to. The attribute stacks with `#[tracing::instrument]` (`#[async_trait]` methods
+/// included) and `#[axum::debug_handler]` in either order, and goes under Actix's
+/// route macros (`#[post("/")]`).
 ///
 /// Without a `client` option the fn uses the client given to
 /// `lock_runtime::set_default_client` at start-up, and returns
@@ -80,9 +86,18 @@ use syn::ItemFn;
 ///
 /// The first part of the key, taken as written: `prefix = "tenant:order"` with a key
 /// of `42` names the same lock as `LockKey::new("tenant:order").part(42)` and the
-/// plain key `"tenant:order:42"`. Defaults to the fn's module path and name
-/// (`my_crate::orders::cancel`), so two fns named alike in two modules never share
-/// a lock.
+/// plain key `"tenant:order:42"`.
+///
+/// A free fn defaults to its module path and name (`my_crate::orders::cancel`), so
+/// two fns named alike in two modules never share a lock. A method has no default:
+/// the attribute sees the fn, not the type it belongs to, and `Orders::cancel` and
+/// `Payments::cancel` in one module would share one. So a fn that takes `self`,
+/// names `Self` in its signature, or is an `#[async_trait]` method does not compile
+/// without `prefix`. An associated fn that does neither looks like a free fn to the
+/// attribute; should two such fns come to one default prefix, the second to run in
+/// a process fails with `LockError::InvalidOptions` instead of sharing the lock:
+/// give each a `prefix`. The default does not depend on the compiler, so every
+/// build of the same code names the same lock.
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};
@@ -97,12 +112,13 @@ use syn::ItemFn;
 /// Rust expressions over the fn's parameters, each appended to the key through its
 /// `Display`: written as code, `keys(from.id, to.id)`, which editors see and rename
 /// like any other code, or each in a string. Both forms give the same key. Names
-/// bound by patterns count as parameters, and so does `self`. Each expression must
-/// start from a parameter: every name that a value in it starts from must be a
-/// parameter or an UPPER_CASE constant, and at least one must be a parameter.
-/// Closures, blocks and other forms that bind names of their own are not looked
-/// into, nor are names captured by a format string (`format!("{id}")`): pass those
-/// as arguments. Without `keys`, the fn takes one lock per prefix.
+/// bound by patterns count as parameters, and so does `self`. An expression may be
+/// of any kind (`db.tenant_of(user).await`, `if admin { 0 } else { id }`, a `match`,
+/// a closure called in place, `format!("{region}-{id}")`) and name anything in
+/// scope (`req.shard(Region::Eu)`, `SHARDS`); the compiler judges those names. Each
+/// must use a parameter: one that uses none, such as `"v2"`, would be the same on
+/// every call, and belongs in `prefix`. Without `keys`, the fn takes one lock per
+/// prefix.
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};
@@ -219,8 +235,8 @@ use syn::ItemFn;
 /// Keep the lock until at least `n` milliseconds after it was taken, even when the
 /// body ends sooner. With `spin = false`, a job scheduled on several replicas runs
 /// once per window: the replicas that come later in the window get
-/// `LockError::Busy` and skip it. With a fixed `expire_ms` (and no watchdog), the
-/// window may not be longer than the lease.
+/// `LockError::Busy` and skip it. Without the watchdog the lease is fixed (`expire_ms`,
+/// or 30 s with `watchdog = false`), and the window may not be longer than it.
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};
@@ -331,18 +347,19 @@ use syn::ItemFn;
 /// }
 /// ```
 ///
-/// ## `client = "expr"`
+/// ## `client(expr)` or `client = "expr"`
 ///
 /// An expression over the parameters giving the `LockClient` to use (or a reference
-/// to one, or anything that derefs to one), instead of the default client. It is
-/// cloned before the body runs, so a method may take `self` by value.
+/// to one, or anything that derefs to one), instead of the default client: written
+/// as code, or in a string. It is cloned before the body runs, so a method may take
+/// `self` by value.
 ///
 /// ```
 /// # use lock_runtime::{LockClient, LockError, distributed_lock};
 /// struct Orders { locks: LockClient }
 ///
 /// impl Orders {
-///     #[distributed_lock(client = "self.locks", keys = "id")]
+///     #[distributed_lock(client(self.locks), prefix = "orders:cancel", keys(id))]
 ///     async fn cancel(&self, id: u64) -> Result<(), LockError> {
 ///         Ok(())
 ///     }
@@ -367,7 +384,8 @@ use syn::ItemFn;
 /// ## `crate = "path"`
 ///
 /// The path to `lock-runtime`, for a crate that renamed the dependency or reaches it
-/// through a re-export. Defaults to `::lock_runtime`.
+/// through a re-export. Defaults to `::lock_runtime`; when the crate's `Cargo.toml`
+/// renames the dependency and this option is missing, the error says what to write.
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};
@@ -379,13 +397,15 @@ use syn::ItemFn;
 ///
 /// # Errors at compile time
 ///
-/// Each is reported at the tokens at fault: a fn that is not `async`; a return type
-/// that cannot carry a lock error (one error at the return type, naming the bound
-/// it misses); an unknown, repeated or mistyped option; a key expression that
-/// does not parse, does not start from a parameter, or whose value is not `Display`;
-/// a guard named like a parameter; and options that contradict each other
-/// (`spin = false` with waiting options, `permits` above 1 with `shared` or
-/// `fencing`, `shared` with `fencing`, `multi` without `keys`).
+/// Each is reported at the tokens at fault: a fn that is not `async`; a method
+/// without `prefix`; a return type that cannot carry a lock error (one error at the
+/// return type, saying what would); an unknown, repeated or mistyped option; a key
+/// expression that does not parse, uses no parameter, or whose value is not
+/// `Display`; a guard named like a parameter; and options that the runtime would
+/// refuse on every call (`spin = false` with waiting options, `permits` above 1
+/// with `shared` or `fencing`, `shared` with `fencing`, `multi` without `keys`,
+/// `max_hold_ms` without the watchdog, `hold_at_least_ms` longer than a fixed
+/// lease).
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     let original = proc_macro2::TokenStream::from(item.clone());
@@ -404,6 +424,17 @@ fn distributed_lock_inner(
     item: proc_macro2::TokenStream,
 ) -> syn::Result<proc_macro2::TokenStream> {
     let options: attr::Options = syn::parse2(args)?;
+    if options.krate.is_none()
+        && let Some(name) = manifest::renamed_runtime()
+    {
+        return Err(syn::Error::new(
+            proc_macro2::Span::call_site(),
+            format!(
+                "`#[distributed_lock]` looks for lock-runtime at `::lock_runtime`, but this \
+                 crate's Cargo.toml names it `{name}`; say so with `crate = \"::{name}\"`"
+            ),
+        ));
+    }
     let function: ItemFn = syn::parse2(item).map_err(|error| {
         syn::Error::new(
             error.span(),

@@ -1,9 +1,15 @@
 //! Checks of the options against each other and against the fn.
 
+use quote::ToTokens;
+use syn::ext::IdentExt;
 use syn::punctuated::Punctuated;
-use syn::{Expr, GenericArgument, Ident, PathArguments, ReturnType, Token, Type, TypeParamBound};
+use syn::visit::Visit;
+use syn::{
+    Expr, ExprLit, GenericArgument, Ident, Lit, LitStr, Pat, PathArguments, ReturnType, Stmt,
+    Token, Type, TypeParamBound,
+};
 
-use crate::attr::{Options, Setting};
+use crate::attr::{Options, Setting, WATCHDOG_LEASE_MS};
 use crate::item::Function;
 
 /// How a lock error reaches the caller.
@@ -32,8 +38,19 @@ pub(crate) fn check(options: &Options, function: &Function) -> syn::Result<Retur
             ),
         ));
     }
+    if function.in_impl && options.prefix.is_none() {
+        let name = &function.sig().ident;
+        errors.push(syn::Error::new_spanned(
+            name,
+            format!(
+                "`#[distributed_lock]` on a method needs `prefix`: the default, \
+                 `<module>::{name}`, names no type, so methods `{name}` of two types in this \
+                 module would share one lock; name it, like `prefix = \"orders::{name}\"`"
+            ),
+        ));
+    }
     for key in options.keys.iter().flat_map(|keys| &keys.value) {
-        if let Err(error) = names_parameters(key, params) {
+        if let Err(error) = uses_a_parameter(&key.code, params, options, function) {
             errors.push(error);
         }
     }
@@ -57,6 +74,8 @@ fn returns(function: &Function) -> syn::Result<Returns> {
     let Some(ty) = &function.output else {
         let sig = function.sig();
         return Err(match &sig.output {
+            // `#[async_trait]` wrote that return type, for a method that returns `()`.
+            _ if function.async_trait => syn::Error::new_spanned(&sig.ident, EXPECTED),
             ReturnType::Type(_, ty) => syn::Error::new_spanned(ty, EXPECTED),
             ReturnType::Default => syn::Error::new_spanned(sig, EXPECTED),
         });
@@ -161,16 +180,28 @@ fn contradictions(options: &Options) -> Vec<syn::Error> {
             ));
         }
     }
-    if let (Some(window), Some(lease)) = (&options.hold_at_least_ms, &options.expire_ms) {
+    if let Some(window) = &options.hold_at_least_ms {
+        // As the runtime settles them: without `expire_ms`, a 30 s lease that the
+        // watchdog renews unless `watchdog = false`.
+        let lease = options.expire_ms.as_ref().map(|lease| lease.value);
         let watchdog = options
             .watchdog
             .as_ref()
-            .is_some_and(|watchdog| watchdog.value);
-        if !watchdog && window.value > lease.value {
-            errors.push(window.error(
-                "`hold_at_least_ms` is longer than the fixed `expire_ms`, which would free \
-                 the lock first; lengthen `expire_ms`, add `watchdog = true`, or shorten the window",
-            ));
+            .map_or(lease.is_none(), |watchdog| watchdog.value);
+        let lease_ms = lease.unwrap_or(WATCHDOG_LEASE_MS);
+        if !watchdog && window.value > lease_ms {
+            errors.push(window.error(match lease {
+                Some(_) => {
+                    "`hold_at_least_ms` is longer than the fixed lease of `expire_ms`, which would \
+                     free the lock first; lengthen `expire_ms`, add `watchdog = true`, or shorten \
+                     the window"
+                }
+                None => {
+                    "`hold_at_least_ms` is longer than the lease, 30 s without `expire_ms`, which \
+                     `watchdog = false` leaves unrenewed, so it would free the lock first; set a \
+                     longer `expire_ms`, drop `watchdog = false`, or shorten the window"
+                }
+            }));
         }
     }
     errors.extend(family(options));
@@ -225,91 +256,228 @@ fn on(setting: &Option<Setting<bool>>) -> Option<&Setting<bool>> {
     setting.as_ref().filter(|setting| setting.value)
 }
 
-/// A key must be built from the parameters: every name it starts a value from must
-/// be a parameter or an UPPER_CASE constant, and at least one must be a parameter.
-fn names_parameters(key: &Expr, params: &[Ident]) -> syn::Result<()> {
+/// A key must use a parameter: one that uses none would be the same on every call.
+/// Whether the names it uses exist is the compiler's to judge, where they are.
+fn uses_a_parameter(
+    key: &Expr,
+    params: &[Ident],
+    options: &Options,
+    function: &Function,
+) -> syn::Result<()> {
+    let mut names = ValueNames::default();
+    names.visit_expr(key);
+    if names.found.iter().any(|name| params.contains(name)) {
+        return Ok(());
+    }
     let listed = if params.is_empty() {
-        "the fn has none; drop `keys` to take one lock per prefix".to_owned()
+        "the fn has none".to_owned()
     } else {
         let names: Vec<String> = params.iter().map(|param| format!("`{param}`")).collect();
         format!("the parameters are: {}", names.join(", "))
     };
-    let mut roots = Vec::new();
-    value_roots(key, &mut roots);
-    let stranger = roots
-        .iter()
-        .find(|root| !params.contains(*root) && !is_constant(root));
-    // A key written in a string is spanned at the string.
+    // A lowercase name is a value of the fn's, most likely one misspelt.
+    let stranger = names.found.iter().find(|name| !is_item_like(name));
     if let Some(stranger) = stranger {
+        // A key written in a string is spanned at the string.
         return Err(syn::Error::new(
             stranger.span(),
             format!("`{stranger}` in this key is not a parameter; {listed}"),
         ));
     }
-    if !roots.iter().any(|root| params.contains(root)) {
-        return Err(syn::Error::new_spanned(
-            key,
-            format!("this key names no parameter; {listed}"),
-        ));
-    }
-    Ok(())
+    let example = fixed_text(key).map_or_else(String::new, |fixed| {
+        let prefix = match &options.prefix {
+            Some(prefix) => prefix.value.value(),
+            None => function.sig().ident.unraw().to_string(),
+        };
+        format!(", like `prefix = \"{prefix}:{fixed}\"`")
+    });
+    Err(syn::Error::new_spanned(
+        key,
+        format!(
+            "this key uses no parameter ({listed}), so it is the same on every call; move it \
+             into `prefix`{example}"
+        ),
+    ))
 }
 
-/// Collects the names that values in `expr` start from: `req` in `req.items[i].id()`.
-/// Paths to items (`Shard::MAIN`, `hash(..)`'s `hash`) are not values of the fn.
-/// Closures, blocks and other forms that bind names of their own are not looked into.
-fn value_roots(expr: &Expr, roots: &mut Vec<Ident>) {
-    let mut walk = |expr: &Expr| value_roots(expr, roots);
-    match expr {
-        Expr::Path(path) if path.qself.is_none() => {
-            if let Some(ident) = path.path.get_ident() {
-                roots.push(ident.clone());
-            }
-        }
-        Expr::Field(field) => walk(&field.base),
-        Expr::MethodCall(call) => {
-            walk(&call.receiver);
-            call.args.iter().for_each(walk);
-        }
-        Expr::Call(call) => {
-            if !matches!(&*call.func, Expr::Path(_)) {
-                walk(&call.func);
-            }
-            call.args.iter().for_each(walk);
-        }
-        Expr::Index(index) => {
-            walk(&index.expr);
-            walk(&index.index);
-        }
-        Expr::Binary(binary) => {
-            walk(&binary.left);
-            walk(&binary.right);
-        }
-        Expr::Unary(unary) => walk(&unary.expr),
-        Expr::Reference(reference) => walk(&reference.expr),
-        Expr::Cast(cast) => walk(&cast.expr),
-        Expr::Paren(paren) => walk(&paren.expr),
-        Expr::Group(group) => walk(&group.expr),
-        Expr::Try(tried) => walk(&tried.expr),
-        Expr::Tuple(tuple) => tuple.elems.iter().for_each(walk),
-        Expr::Array(array) => array.elems.iter().for_each(walk),
-        Expr::Macro(mac) => {
-            // `format!("{}-{}", a.id, b.id)` and the like: comma-separated arguments.
-            if let Ok(args) = mac
-                .mac
-                .parse_body_with(Punctuated::<Expr, Token![,]>::parse_terminated)
-            {
-                args.iter().for_each(walk);
-            }
-        }
-        _ => {}
+/// The text a key made of one literal stands for in a prefix: `v2` for `"v2"`.
+fn fixed_text(key: &Expr) -> Option<String> {
+    match key {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => Some(lit.value()),
+        Expr::Lit(ExprLit { lit, .. }) => Some(lit.to_token_stream().to_string()),
+        Expr::Group(group) => fixed_text(&group.expr),
+        Expr::Paren(paren) => fixed_text(&paren.expr),
+        _ => None,
     }
 }
 
-fn is_constant(ident: &Ident) -> bool {
-    let name = ident.to_string();
-    name.chars().any(|c| c.is_ascii_uppercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+/// `Shard`, `SHARD`, `Eu`: a type, constant or variant, not a value of the fn's.
+fn is_item_like(ident: &Ident) -> bool {
+    ident
+        .unraw()
+        .to_string()
+        .starts_with(|c: char| c.is_ascii_uppercase())
+}
+
+/// The names whose values an expression reads: `req` and `user` in
+/// `db.tenant_of(&req, user).await`, the names captured by a format string, and
+/// those in closures, blocks and match arms, less the names those bind themselves.
+/// Paths to items (`Shard::MAIN`, `hash(..)`'s `hash`) are not values.
+#[derive(Default)]
+struct ValueNames {
+    /// The names bound inside the expression where the walk is.
+    bound: Vec<Ident>,
+    found: Vec<Ident>,
+}
+
+impl ValueNames {
+    fn value(&mut self, ident: &Ident) {
+        if !self.bound.contains(ident) {
+            self.found.push(ident.clone());
+        }
+    }
+
+    fn bind(&mut self, pat: &Pat) {
+        crate::item::bindings(pat, &mut self.bound);
+    }
+
+    /// Runs `walk` with the names bound until then, and forgets those it binds.
+    fn scoped(&mut self, walk: impl FnOnce(&mut Self)) {
+        let outer = self.bound.len();
+        walk(self);
+        self.bound.truncate(outer);
+    }
+
+    /// `{name}` and `{name:?}` in a format string.
+    fn captured(&mut self, lit: &LitStr) {
+        let text = lit.value();
+        let mut rest = text.as_str();
+        while let Some(open) = rest.find('{') {
+            rest = &rest[open + 1..];
+            if let Some(escaped) = rest.strip_prefix('{') {
+                rest = escaped;
+                continue;
+            }
+            let end = rest.find(['}', ':']).unwrap_or(rest.len());
+            if let Ok(ident) = syn::parse_str::<Ident>(rest[..end].trim()) {
+                self.value(&Ident::new(&ident.to_string(), lit.span()));
+            }
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for ValueNames {
+    fn visit_expr_path(&mut self, path: &'ast syn::ExprPath) {
+        if path.qself.is_none()
+            && let Some(ident) = path.path.get_ident()
+        {
+            self.value(ident);
+        }
+    }
+
+    fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+        if !matches!(&*call.func, Expr::Path(_)) {
+            self.visit_expr(&call.func);
+        }
+        call.args.iter().for_each(|arg| self.visit_expr(arg));
+    }
+
+    fn visit_expr_closure(&mut self, closure: &'ast syn::ExprClosure) {
+        self.scoped(|names| {
+            closure.inputs.iter().for_each(|input| names.bind(input));
+            names.visit_expr(&closure.body);
+        });
+    }
+
+    fn visit_block(&mut self, block: &'ast syn::Block) {
+        self.scoped(|names| {
+            for stmt in &block.stmts {
+                match stmt {
+                    Stmt::Local(local) => {
+                        if let Some(init) = &local.init {
+                            names.visit_local_init(init);
+                        }
+                        names.bind(&local.pat);
+                    }
+                    Stmt::Item(_) => {}
+                    stmt => names.visit_stmt(stmt),
+                }
+            }
+        });
+    }
+
+    fn visit_arm(&mut self, arm: &'ast syn::Arm) {
+        self.scoped(|names| {
+            names.bind(&arm.pat);
+            if let Some((_, guard)) = &arm.guard {
+                names.visit_expr(guard);
+            }
+            names.visit_expr(&arm.body);
+        });
+    }
+
+    fn visit_expr_let(&mut self, condition: &'ast syn::ExprLet) {
+        // The names stay bound in the branch the condition guards.
+        self.visit_expr(&condition.expr);
+        self.bind(&condition.pat);
+    }
+
+    fn visit_expr_if(&mut self, branch: &'ast syn::ExprIf) {
+        self.scoped(|names| {
+            names.visit_expr(&branch.cond);
+            names.visit_block(&branch.then_branch);
+        });
+        if let Some((_, otherwise)) = &branch.else_branch {
+            self.visit_expr(otherwise);
+        }
+    }
+
+    fn visit_expr_while(&mut self, looped: &'ast syn::ExprWhile) {
+        self.scoped(|names| {
+            names.visit_expr(&looped.cond);
+            names.visit_block(&looped.body);
+        });
+    }
+
+    fn visit_expr_for_loop(&mut self, looped: &'ast syn::ExprForLoop) {
+        self.visit_expr(&looped.expr);
+        self.scoped(|names| {
+            names.bind(&looped.pat);
+            names.visit_block(&looped.body);
+        });
+    }
+
+    fn visit_item(&mut self, _: &'ast syn::Item) {}
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        // `format!("{}-{id}", a.id, x = b.id)` and the like: arguments, and names
+        // captured by the format string.
+        match mac.parse_body_with(Punctuated::<Expr, Token![,]>::parse_terminated) {
+            Ok(args) => {
+                for arg in &args {
+                    match arg {
+                        Expr::Lit(ExprLit {
+                            lit: Lit::Str(lit), ..
+                        }) => self.captured(lit),
+                        Expr::Assign(named) => self.visit_expr(&named.right),
+                        arg => self.visit_expr(arg),
+                    }
+                }
+            }
+            // Any name it holds may be a value: let the compiler judge.
+            Err(_) => idents(mac.tokens.clone(), &mut self.found),
+        }
+    }
+}
+
+fn idents(tokens: proc_macro2::TokenStream, found: &mut Vec<Ident>) {
+    for token in tokens {
+        match token {
+            proc_macro2::TokenTree::Ident(ident) => found.push(ident),
+            proc_macro2::TokenTree::Group(group) => idents(group.stream(), found),
+            _ => {}
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! `#[distributed_lock]` on real Redis: free fns on the default client, methods with
-//! their own client, re-entry through nested and recursive calls, fail-fast, and
-//! what happens to the body when the lease is lost.
+//! their own client, re-entry through nested and recursive calls, fail-fast, what
+//! happens to the body when the lease is lost, whole bodies locked in every shape
+//! the attribute takes, and default prefixes that two fns never share.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -79,13 +80,13 @@ struct Inventory {
 }
 
 impl Inventory {
-    #[distributed_lock(client = "self.locks", keys = ["self.shard", "sku"], timeout_ms = 10_000)]
+    #[distributed_lock(client = "self.locks", prefix = "inventory", keys = ["self.shard", "sku"], timeout_ms = 10_000)]
     async fn reserve(&self, sku: &str) -> Result<(), LockError> {
         self.overlap.section(Duration::from_millis(5)).await;
         Ok(())
     }
 
-    #[distributed_lock(client = "self.locks", keys = ["self.shard", "sku"], spin = false)]
+    #[distributed_lock(client = "self.locks", prefix = "inventory", keys = ["self.shard", "sku"], spin = false)]
     async fn reserve_or_give_up(&self, sku: &str) -> Result<(), LockError> {
         self.overlap.section(Duration::from_secs(1)).await;
         Ok(())
@@ -137,7 +138,7 @@ async fn fail_fast_returns_busy_while_the_lock_is_held() {
     );
     match busy {
         Err(LockError::Busy { key, .. }) => {
-            assert_eq!(key, "suite::attribute::reserve_or_give_up:1:sku-1")
+            assert_eq!(key, "inventory:1:sku-1")
         }
         other => panic!("expected Busy, got {other:?}"),
     }
@@ -717,4 +718,128 @@ async fn multi_key_transfers_exclude_each_other_only_when_they_share_an_account(
         2,
         "transfers between four distinct accounts waited for each other"
     );
+}
+
+/// Bodies that compute a value in a block before they await: the whole body,
+/// not only the block, must run inside the lock.
+#[async_trait::async_trait]
+trait Audit {
+    async fn audit(&self, id: u64) -> Result<u64, LockError>;
+    async fn traced_audit(&self, id: u64) -> Result<u64, LockError>;
+}
+
+struct Ledger {
+    locks: LockClient,
+    overlap: Arc<Overlap>,
+}
+
+#[async_trait::async_trait]
+impl Audit for Ledger {
+    #[distributed_lock(client = "self.locks", prefix = "audit", keys(id), timeout_ms = 20_000)]
+    async fn audit(&self, id: u64) -> Result<u64, LockError> {
+        let checked: Result<u64, LockError> = { Ok(id) };
+        self.overlap.section(Duration::from_millis(20)).await;
+        checked
+    }
+
+    #[tracing::instrument(skip(self))]
+    #[distributed_lock(client = "self.locks", prefix = "audit", keys(id), timeout_ms = 20_000)]
+    async fn traced_audit(&self, id: u64) -> Result<u64, LockError> {
+        let doubled = { id * 2 };
+        self.overlap.section(Duration::from_millis(20)).await;
+        Ok(doubled / 2)
+    }
+}
+
+#[distributed_lock(client = "locks", prefix = "audit", keys(id), timeout_ms = 20_000)]
+async fn audit_by_hand(locks: &LockClient, id: u64, overlap: &Overlap) -> Result<u64, LockError> {
+    let checked: Result<u64, LockError> = { Ok(id) };
+    overlap.section(Duration::from_millis(20)).await;
+    checked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shape_the_attribute_takes_runs_its_whole_body_in_the_lock() {
+    let redis = RedisServer::start();
+    let overlap = Arc::new(Overlap::default());
+    let [here, there] = two_clients(&redis).await;
+    let ledgers = [here, there].map(|locks| {
+        Arc::new(Ledger {
+            locks,
+            overlap: overlap.clone(),
+        })
+    });
+    let callers: Vec<_> = (0..24)
+        .map(|caller| {
+            let ledger = ledgers[caller % 2].clone();
+            tokio::spawn(async move {
+                match caller % 3 {
+                    0 => ledger.audit(9).await,
+                    1 => ledger.traced_audit(9).await,
+                    _ => audit_by_hand(&ledger.locks, 9, &ledger.overlap).await,
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        assert_eq!(caller.await.unwrap().unwrap(), 9);
+    }
+    assert_eq!(
+        overlap.most(),
+        1,
+        "two bodies were inside at once: part of a body ran outside the lock"
+    );
+}
+
+/// Associated fns without `self`, named alike on two types in one module: the
+/// attribute cannot tell them apart, so they come to one default prefix.
+struct Exports;
+
+impl Exports {
+    #[distributed_lock(client = "locks", permits = 4, spin = false)]
+    async fn run(locks: &LockClient) -> Result<&'static str, LockError> {
+        Ok("exports")
+    }
+}
+
+struct Imports;
+
+impl Imports {
+    #[distributed_lock(client = "locks", spin = false)]
+    async fn run(locks: &LockClient) -> Result<&'static str, LockError> {
+        Ok("imports")
+    }
+
+    #[distributed_lock(client = "locks", prefix = "imports:run", spin = false)]
+    async fn run_named(locks: &LockClient) -> Result<&'static str, LockError> {
+        Ok("imports")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_fns_never_share_a_default_prefix() {
+    let redis = RedisServer::start();
+    let [here, there] = two_clients(&redis).await;
+    assert_eq!(Exports::run(&here).await.unwrap(), "exports");
+    let refused = Imports::run(&there).await;
+    match refused {
+        Err(LockError::InvalidOptions { key, reason, .. }) => {
+            assert_eq!(key, "suite::attribute::run");
+            assert!(reason.contains("`prefix`"), "{reason}");
+        }
+        other => panic!("expected InvalidOptions, got {other:?}"),
+    }
+    assert!(
+        matches!(
+            Imports::run(&here).await,
+            Err(LockError::InvalidOptions { .. })
+        ),
+        "refused on every call, whatever the client"
+    );
+    assert_eq!(
+        Exports::run(&there).await.unwrap(),
+        "exports",
+        "the fn that came first keeps its prefix"
+    );
+    assert_eq!(Imports::run_named(&here).await.unwrap(), "imports");
 }

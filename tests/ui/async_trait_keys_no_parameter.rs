@@ -13,7 +13,7 @@ struct Shop {
 
 #[async_trait]
 impl Orders for Shop {
-    #[distributed_lock(client = "self.locks", keys(order, user))]
+    #[distributed_lock(client = "self.locks", prefix = "cancel", keys(order, user))]
     async fn cancel(&self, (order, _region): (u64, u64)) -> Result<(), LockError> {
         let _ = order;
         Ok(())

@@ -5,7 +5,7 @@ struct Orders {
 }
 
 impl Orders {
-    #[distributed_lock(client = "self.redis_url")]
+    #[distributed_lock(client = "self.redis_url", prefix = "orders:create")]
     async fn create(&self, id: u64) -> Result<u64, LockError> {
         Ok(id)
     }

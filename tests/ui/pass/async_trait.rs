@@ -1,5 +1,6 @@
 //! Methods under `#[async_trait]`, which expands before the attribute: keys and the
-//! client read `self` and pattern parameters as written, and the lock is held.
+//! client read `self` and pattern parameters as written, the lock is held, and
+//! `#[tracing::instrument]` stacks on either side, in impls and default methods.
 
 use async_trait::async_trait;
 use lock_runtime::{LockClient, LockError, LockOptions, distributed_lock};
@@ -10,6 +11,19 @@ trait Orders {
     async fn split(&self, pair: (u64, u64)) -> Result<String, LockError>;
     async fn close(self) -> Result<u32, LockError>;
     async fn touch(&mut self) -> Result<(), LockError>;
+    async fn traced(&self, id: u64) -> Result<String, LockError>;
+    async fn traced_err(&self, id: u64) -> Result<u64, LockError>;
+    async fn traced_ret(&self, id: u64) -> Result<u64, LockError>;
+    async fn traced_inside(&self, id: u64) -> Result<String, LockError>;
+    async fn create(locks: &LockClient, id: u64) -> Result<u64, LockError>;
+
+    #[tracing::instrument(skip(self))]
+    #[distributed_lock(client = "self.locks()", prefix = "orders:default", keys(id), guard = lock)]
+    async fn traced_default(&self, id: u64) -> Result<String, LockError> {
+        Ok(lock.key().to_owned())
+    }
+
+    fn locks(&self) -> &LockClient;
 }
 
 struct Shop {
@@ -29,15 +43,50 @@ impl Orders for Shop {
         Ok(format!("{} {}", lock.key(), self.shard))
     }
 
-    #[distributed_lock(client = "self.locks", keys(self.shard), spin = false)]
+    #[distributed_lock(client = "self.locks", prefix = "close", keys(self.shard), spin = false)]
     async fn close(self) -> Result<u32, LockError> {
         Ok(self.shard)
     }
 
-    #[distributed_lock(client = "&self.locks", keys(self.shard))]
+    #[distributed_lock(client(&self.locks), prefix = "touch", keys(self.shard))]
     async fn touch(&mut self) -> Result<(), LockError> {
         self.shard += 1;
         Ok(())
+    }
+
+    #[tracing::instrument(skip(self))]
+    #[distributed_lock(client = "self.locks", prefix = "traced", keys(id), guard = lock)]
+    async fn traced(&self, id: u64) -> Result<String, LockError> {
+        let doubled = { id * 2 };
+        tokio::task::yield_now().await;
+        Ok(format!("{} {doubled}", lock.key()))
+    }
+
+    #[tracing::instrument(skip(self), err)]
+    #[distributed_lock(client = "self.locks", prefix = "traced", keys(id))]
+    async fn traced_err(&self, id: u64) -> Result<u64, LockError> {
+        Ok(id)
+    }
+
+    #[tracing::instrument(skip(self), ret, err)]
+    #[distributed_lock(client = "self.locks", prefix = "traced", keys(id))]
+    async fn traced_ret(&self, id: u64) -> Result<u64, LockError> {
+        Ok(id)
+    }
+
+    #[distributed_lock(client = "self.locks", prefix = "traced", keys(id), guard = lock)]
+    #[tracing::instrument(skip(self))]
+    async fn traced_inside(&self, id: u64) -> Result<String, LockError> {
+        Ok(lock.key().to_owned())
+    }
+
+    #[distributed_lock(client = "locks", prefix = "create", keys(id))]
+    async fn create(locks: &LockClient, id: u64) -> Result<u64, LockError> {
+        Ok(id)
+    }
+
+    fn locks(&self) -> &LockClient {
+        &self.locks
     }
 }
 
@@ -48,7 +97,7 @@ trait Local {
 
     async fn count(&self, by: u32) -> Result<u32, LockError>;
 
-    #[distributed_lock(client = "self.locks()", keys(by), guard = lock)]
+    #[distributed_lock(client = "self.locks()", prefix = "local", keys(by), guard = lock)]
     async fn by_default(&self, by: u32) -> Result<String, LockError> {
         Ok(lock.key().to_owned())
     }
@@ -60,7 +109,7 @@ impl Local for Shop {
         &self.locks
     }
 
-    #[distributed_lock(client = "self.locks", keys(by))]
+    #[distributed_lock(client = "self.locks", prefix = "count", keys(by))]
     async fn count(&self, by: u32) -> Result<u32, LockError> {
         Ok(self.shard + by)
     }
@@ -76,14 +125,17 @@ async fn main() {
     assert_eq!(shop.split((1, 2)).await.unwrap(), "pair:3:1:2 3");
     shop.touch().await.unwrap();
     assert_eq!(shop.count(1).await.unwrap(), 5);
-    assert_eq!(
-        shop.by_default(2).await.unwrap(),
-        concat!(module_path!(), "::by_default:2")
-    );
+    assert_eq!(shop.by_default(2).await.unwrap(), "local:2");
+    assert_eq!(shop.traced(5).await.unwrap(), "traced:5 10");
+    assert_eq!(shop.traced_err(6).await.unwrap(), 6);
+    assert_eq!(shop.traced_ret(6).await.unwrap(), 6);
+    assert_eq!(shop.traced_inside(8).await.unwrap(), "traced:8");
+    assert_eq!(shop.traced_default(9).await.unwrap(), "orders:default:9");
+    assert_eq!(Shop::create(&shop.locks, 4).await.unwrap(), 4);
 
     let held = shop
         .locks
-        .acquire(concat!(module_path!(), "::close:4"), &LockOptions::new())
+        .acquire("close:4", &LockOptions::new())
         .await
         .unwrap();
     let locks = shop.locks.clone();
