@@ -57,6 +57,8 @@ pub(crate) struct Turn<H> {
     // and finds the line still there.
     _permit: OwnedSemaphorePermit,
     place: Place<H>,
+    /// What a turn that ended handed on, taken from the line as this turn began.
+    handed: Option<H>,
 }
 
 impl<H> Queues<H> {
@@ -128,28 +130,40 @@ impl<H> Place<H> {
     }
 
     fn started(self, permit: OwnedSemaphorePermit) -> Turn<H> {
-        if let Some(line) = self.queues.lines().get_mut(&self.name.hash) {
-            line.holding += 1;
-        }
+        let handed = self
+            .queues
+            .lines()
+            .get_mut(&self.name.hash)
+            .and_then(|line| {
+                line.holding += 1;
+                line.handed.pop()
+            });
         Turn {
             _permit: permit,
             place: self,
+            handed,
         }
     }
 }
 
 impl<H> Drop for Place<H> {
+    /// A place that goes before its turn leaves what was handed on for it to the
+    /// tasks still waiting, and drops the rest, which gives it back to the store.
     fn drop(&mut self) {
         let mut lines = self.queues.lines();
         let Some(line) = lines.get_mut(&self.name.hash) else {
             return;
         };
         line.places -= 1;
-        if line.places == 0 {
-            let emptied = lines.remove(&self.name.hash);
-            drop(lines);
-            drop(emptied);
-        }
+        let waiting = line.places - line.holding;
+        let unclaimed = line.handed.split_off(waiting.min(line.handed.len()));
+        let emptied = match line.places {
+            0 => lines.remove(&self.name.hash),
+            _ => None,
+        };
+        drop(lines);
+        drop(unclaimed);
+        drop(emptied);
     }
 }
 
@@ -173,10 +187,8 @@ impl<H> Turn<H> {
     }
 
     /// What the previous turn handed on to this one, if anything.
-    pub(crate) fn handed(&self) -> Option<H> {
-        let place = &self.place;
-        let mut lines = place.queues.lines();
-        lines.get_mut(&place.name.hash)?.handed.pop()
+    pub(crate) fn handed(&mut self) -> Option<H> {
+        self.handed.take()
     }
 
     /// The signals that concern this client's waiting for the key (a release, or the

@@ -437,8 +437,9 @@ async fn spawned_task_is_another_owner(fixture: Fixture) {
         .await
         .unwrap();
     let client = fixture.client.clone();
+    // From the spawn, not from the child's first poll, which load can delay.
+    let started = Instant::now();
     let child = tokio::spawn(async move {
-        let started = Instant::now();
         let waiting = LockOptions::new()
             .retry_wait(Duration::from_millis(5))
             .timeout(Duration::from_secs(10));
@@ -485,13 +486,15 @@ async fn watchdog_keeps_a_long_body_safe(fixture: Fixture) {
 
 async fn fixed_lease_expires_and_is_lost(fixture: Fixture) {
     let lease = Duration::from_millis(150);
+    // The lease counts from when the request was sent: on Redlock, a slow quorum
+    // leaves less of it once the acquire returns.
+    let started = Instant::now();
     let guard = fixture
         .client
         .acquire("export", &LockOptions::new().lease(lease))
         .await
         .unwrap();
     assert!(guard.is_held());
-    let started = Instant::now();
     guard.lost().await;
     let elapsed = started.elapsed();
     assert!(!guard.is_held());

@@ -146,3 +146,80 @@ async fn a_late_write_with_an_older_token_is_refused() {
         "a holder may write twice"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shortening_extend_whose_answer_is_lost_is_counted_as_applied() {
+    let redis = RedisServer::start();
+    let bound = Duration::from_millis(150);
+    let config = ClientConfig::new().command_timeout(bound);
+    let holder = LockClient::connect_with(&redis.url(), config)
+        .await
+        .unwrap();
+    let other = LockClient::connect(&redis.url()).await.unwrap();
+    let guard = holder
+        .acquire("payout", &LockOptions::new().lease(Duration::from_secs(20)))
+        .await
+        .unwrap();
+
+    // Redis takes the request while paused, answers too late, and then applies it.
+    redis.pause(Duration::from_millis(800));
+    let shorter = Duration::from_millis(500);
+    let asked_at = Instant::now();
+    let extended = guard.extend(shorter).await;
+    assert!(
+        matches!(extended, Err(LockError::Backend { .. })),
+        "{extended:?}"
+    );
+    let waiting = LockOptions::new()
+        .retry_wait(Duration::from_millis(10))
+        .timeout(Duration::from_secs(5));
+    let next = other.acquire("payout", &waiting).await.unwrap();
+    assert!(
+        asked_at.elapsed() >= Duration::from_millis(800) + shorter - Duration::from_millis(50),
+        "Redis did not apply the extend: another client got in after {:?}",
+        asked_at.elapsed()
+    );
+    assert!(
+        !guard.is_held(),
+        "two holders: the first guard still says held {:?} after its extend was sent",
+        asked_at.elapsed()
+    );
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::NotHeld { .. })
+    ));
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_next_task_gets_the_lock_when_a_shortened_lease_ends() {
+    let redis = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let guard = client
+        .acquire("ledger", &LockOptions::new().lease(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let shorter = Duration::from_millis(300);
+    guard.extend(shorter).await.unwrap();
+    let extended_at = Instant::now();
+    // The guard lives on past its lease; the client's next task in line still gets
+    // the lock once that lease has ended.
+    let next = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let patient = LockOptions::new().timeout(Duration::from_secs(5));
+            client.acquire("ledger", &patient).await
+        }
+    });
+    let next = next
+        .await
+        .unwrap()
+        .expect("the next task waited for the lease the guard had before");
+    let waited = extended_at.elapsed();
+    assert!(
+        waited < shorter + Duration::from_millis(500),
+        "the next task got the lock {waited:?} after the extend"
+    );
+    assert!(!guard.is_held());
+    next.release().await.unwrap();
+}

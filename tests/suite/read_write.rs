@@ -19,6 +19,7 @@ on_every_backend!(
     an_exclusive_waiter_is_served_while_shared_holders_keep_arriving,
     reentry_follows_the_ownership_rules,
     the_watchdog_renews_a_shared_hold,
+    readers_behind_a_writer_that_left_get_in_at_once,
 );
 
 fn shared() -> LockOptions {
@@ -208,4 +209,62 @@ fn processes_of_readers_and_writers_never_overlap() {
         most >= 2,
         "readers of two processes never held the key together"
     );
+}
+
+/// Readers waiting behind a writer get in once the writer stops waiting, whether it
+/// gave up or was cancelled, and not when their own pause ends.
+async fn readers_behind_a_writer_that_left_get_in_at_once(fixture: Fixture) {
+    let reading = fixture.client.acquire("catalog", &shared()).await.unwrap();
+    for cancelled in [true, false] {
+        let writer = fixture.connect().await;
+        let patience = match cancelled {
+            true => Duration::from_secs(20),
+            false => Duration::from_millis(500),
+        };
+        let writing = tokio::spawn(async move {
+            let exclusive = LockOptions::new().timeout(patience);
+            writer.acquire("catalog", &exclusive).await
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let mut readers = Vec::new();
+        for _ in 0..2 {
+            let reader = fixture.connect().await;
+            readers.push(tokio::spawn(async move {
+                let patient = shared()
+                    .retry_wait(Duration::from_secs(5))
+                    .timeout(Duration::from_secs(20));
+                let guard = reader.acquire("catalog", &patient).await.unwrap();
+                (Instant::now(), guard)
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(
+            readers.iter().all(|reader| !reader.is_finished()),
+            "a reader went past the waiting writer"
+        );
+        let left_at = match cancelled {
+            true => {
+                writing.abort();
+                Instant::now()
+            }
+            false => {
+                let gave_up = writing.await.unwrap();
+                assert!(
+                    matches!(gave_up, Err(LockError::Timeout { .. })),
+                    "{gave_up:?}"
+                );
+                Instant::now()
+            }
+        };
+        for reader in readers {
+            let (got_at, guard) = reader.await.unwrap();
+            let waited = got_at.saturating_duration_since(left_at);
+            assert!(
+                waited < Duration::from_secs(1),
+                "a reader got in {waited:?} after the writer left (cancelled: {cancelled})"
+            );
+            guard.release().await.unwrap();
+        }
+    }
+    reading.release().await.unwrap();
 }

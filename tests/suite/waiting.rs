@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
-use lock_tests::{CountingProxy, RedisServer};
+use lock_tests::{CountingProxy, RedisServer, TcpProxy};
 use tokio::time::Instant;
 
 /// A client that releases every lock to Redis, however many of its tasks wait.
@@ -163,13 +163,14 @@ async fn redis_sees_one_waiter_per_client() {
 }
 
 /// Starts `clients` clients, each with one task waiting for `key` in this order, each
-/// in Redis's queue before the next starts. Each holds the lock for a moment and
-/// notes its number.
+/// in Redis's queue before the next starts. Each holds the lock for `work` and notes
+/// its number.
 async fn waiting_clients(
     url: &str,
     key: &'static str,
     clients: usize,
     order: &Arc<Mutex<Vec<usize>>>,
+    work: Duration,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut waiting = Vec::new();
     for number in 0..clients {
@@ -181,13 +182,16 @@ async fn waiting_clients(
                 .await
                 .unwrap();
             order.lock().unwrap().push(number);
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(work).await;
             guard.release().await.unwrap();
         }));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     waiting
 }
+
+/// A section shorter than the claim window.
+const MOMENT: Duration = Duration::from_millis(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_passes_the_lock_to_one_waiting_client_at_a_time() {
@@ -199,7 +203,7 @@ async fn a_release_passes_the_lock_to_one_waiting_client_at_a_time() {
         .await
         .unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
-    let waiting = waiting_clients(&proxy.url(), "ticket-desk", 3, &order).await;
+    let waiting = waiting_clients(&proxy.url(), "ticket-desk", 3, &order, MOMENT).await;
     let _before = proxy.take();
     let released_at = Instant::now();
     guard.release().await.unwrap();
@@ -221,6 +225,42 @@ async fn a_release_passes_the_lock_to_one_waiting_client_at_a_time() {
     );
 }
 
+/// Each waiter that the lock is passed to tells the next in the queue, which was
+/// told to look again in case the claim never came, that it need not: with sections
+/// longer than the claim window, no waiter asks Redis more than once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_told_to_look_again_asks_nothing_when_the_claim_comes_in_time() {
+    let redis = RedisServer::start();
+    let proxy = CountingProxy::start(redis.port()).await;
+    let holder = without_hand_off(&proxy.url()).await;
+    let guard = holder
+        .acquire("ticket-desk", &LockOptions::new())
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let longer_than_the_claim_window = Duration::from_millis(250);
+    let waiting = waiting_clients(
+        &proxy.url(),
+        "ticket-desk",
+        4,
+        &order,
+        longer_than_the_claim_window,
+    )
+    .await;
+    let _before = proxy.take();
+    guard.release().await.unwrap();
+    for waiter in waiting {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
+    let requests = proxy.take();
+    assert_eq!(
+        requests.get("EVALSHA") + requests.get("SET"),
+        1 + 2 * 4,
+        "a waiter looked again although the one ahead claimed the lock: {requests:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_lock_goes_to_the_waiter_not_to_a_newcomer() {
     let redis = RedisServer::start();
@@ -232,7 +272,7 @@ async fn a_released_lock_goes_to_the_waiter_not_to_a_newcomer() {
             .await
             .unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
-        let waiting = waiting_clients(&redis.url(), "last-seat", 1, &order).await;
+        let waiting = waiting_clients(&redis.url(), "last-seat", 1, &order, MOMENT).await;
         guard.release().await.unwrap();
         let barged = newcomer
             .try_acquire("last-seat", &LockOptions::new())
@@ -322,4 +362,141 @@ async fn a_waiter_that_gives_up_or_is_dropped_leaves_the_queue() {
             .unwrap_or_else(|| panic!("the lock went to a waiter that left (dropped: {dropped})"));
         next.release().await.unwrap();
     }
+}
+
+/// A lock held on one client, with a waiting client first in Redis's queue whose
+/// traffic then stops (it will never claim the lock passed to it), and `behind`
+/// waiting clients after it, each in the queue before the next. Each of those notes
+/// when it got the lock, and holds it until the guard is dropped.
+struct BehindFrozenWaiter {
+    guard: lock_runtime::LockGuard,
+    proxy: TcpProxy,
+    frozen: tokio::task::JoinHandle<Result<lock_runtime::LockGuard, LockError>>,
+    behind: Vec<tokio::task::JoinHandle<(Instant, lock_runtime::LockGuard)>>,
+}
+
+async fn behind_a_frozen_waiter(
+    redis: &RedisServer,
+    key: &'static str,
+    behind: usize,
+) -> BehindFrozenWaiter {
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let guard = holder.acquire(key, &LockOptions::new()).await.unwrap();
+    let proxy = TcpProxy::start(redis.port()).await;
+    let frozen = LockClient::connect(&proxy.url()).await.unwrap();
+    let frozen =
+        tokio::spawn(async move { frozen.acquire(key, &patient(Duration::from_secs(10))).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut waiting = Vec::new();
+    for _ in 0..behind {
+        let waiter = LockClient::connect(&redis.url()).await.unwrap();
+        waiting.push(tokio::spawn(async move {
+            let guard = waiter
+                .acquire(key, &patient(Duration::from_secs(5)))
+                .await
+                .unwrap();
+            (Instant::now(), guard)
+        }));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    proxy.stall();
+    BehindFrozenWaiter {
+        guard,
+        proxy,
+        frozen,
+        behind: waiting,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_never_claims_costs_the_next_one_the_claim_window() {
+    let redis = RedisServer::start();
+    let queue = behind_a_frozen_waiter(&redis, "night-batch", 1).await;
+    let released_at = Instant::now();
+    queue.guard.release().await.unwrap();
+    for next in queue.behind {
+        let (got_at, guard) = next.await.unwrap();
+        let waited = got_at - released_at;
+        assert!(
+            waited < Duration::from_secs(1),
+            "the lock passed to a frozen waiter reached the next one after {waited:?}"
+        );
+        guard.release().await.unwrap();
+    }
+    queue.frozen.abort();
+    queue.proxy.resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_waiter_looks_again_when_the_one_told_to_leaves_the_queue() {
+    let redis = RedisServer::start();
+    let mut queue = behind_a_frozen_waiter(&redis, "night-batch", 2).await;
+    let released_at = Instant::now();
+    queue.guard.release().await.unwrap();
+    // The one told to look again after the frozen waiter's claim window leaves.
+    queue.behind.remove(0).abort();
+    let (got_at, guard) = queue.behind.remove(0).await.unwrap();
+    let waited = got_at - released_at;
+    assert!(
+        waited < Duration::from_secs(1),
+        "the last waiter got the lock {waited:?} after the release"
+    );
+    guard.release().await.unwrap();
+    queue.frozen.abort();
+    queue.proxy.resume();
+}
+
+/// On a hot key, telling the next waiter to look again in case those let in ahead of
+/// it do not claim the lock costs no request: a section costs one acquire to claim
+/// the lock, one for the next task to join the queue, and the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_costs_two_acquires_and_a_release_per_section() {
+    let (sections, requests) = hot_key(3, 2, 25, Duration::from_millis(1)).await;
+    let [(_, acquire), (_, release), ..] = lock_runtime::__script_hashes();
+    assert_eq!(requests.script(release), sections);
+    let acquires = requests.script(acquire) + requests.get("SET");
+    // A claim that came too late to stop a look, under load, is not what this
+    // counts; a look per section is.
+    assert!(
+        acquires <= 2 * sections + sections / 10,
+        "{acquires} acquires for {sections} sections: {requests:?}"
+    );
+}
+
+/// Runs `clients` clients of `tasks` tasks each, every task taking the key for
+/// `work` `sections` times, all through a counting proxy; returns the sections and
+/// the requests they cost.
+async fn hot_key(
+    clients: usize,
+    tasks: usize,
+    sections: usize,
+    work: Duration,
+) -> (u64, lock_tests::CommandCounts) {
+    let redis = RedisServer::start();
+    let proxy = CountingProxy::start(redis.port()).await;
+    let mut connected = Vec::new();
+    for _ in 0..clients {
+        connected.push(without_hand_off(&proxy.url()).await);
+    }
+    let _connecting = proxy.take();
+    let mut running = Vec::new();
+    for client in &connected {
+        for _ in 0..tasks {
+            let client = client.clone();
+            running.push(tokio::spawn(async move {
+                for _ in 0..sections {
+                    let guard = client
+                        .acquire("hot", &patient(Duration::from_secs(5)))
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(work).await;
+                    guard.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for task in running {
+        task.await.unwrap();
+    }
+    ((clients * tasks * sections) as u64, proxy.take())
 }

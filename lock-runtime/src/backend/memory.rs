@@ -117,26 +117,27 @@ impl MemoryStore {
     }
 
     /// Whether `token` held the lock and let go of it. A token that was waiting
-    /// stops waiting.
+    /// stops waiting, and wakes the shared holders that waited for it.
     pub(crate) fn release(&self, name: &LockName, token: &str) -> bool {
         let now = Instant::now();
         let mut state = self.state();
-        if let Some(waiting) = state.writers_waiting.get_mut(&name.hash) {
-            waiting.remove(token);
-        }
-        let Some(holders) = state.locks.get_mut(&name.hash) else {
-            return false;
-        };
-        let ours = holders
-            .leases
-            .remove(token)
-            .is_some_and(|until| until > now);
-        holders.leases.retain(|_, until| *until > now);
-        if holders.leases.is_empty() {
-            state.locks.remove(&name.hash);
+        let writer_left = state
+            .writers_waiting
+            .get_mut(&name.hash)
+            .is_some_and(|waiting| waiting.remove(token).is_some());
+        let mut ours = false;
+        if let Some(holders) = state.locks.get_mut(&name.hash) {
+            ours = holders
+                .leases
+                .remove(token)
+                .is_some_and(|until| until > now);
+            holders.leases.retain(|_, until| *until > now);
+            if holders.leases.is_empty() {
+                state.locks.remove(&name.hash);
+            }
         }
         drop(state);
-        if ours {
+        if ours || writer_left {
             self.signals.notify(&name.channel);
         }
         ours

@@ -1,7 +1,18 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use tokio::runtime::Handle;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::CLAIM_WINDOW;
+
+/// Said on a waiting client's grant channel when the acquisitions let in ahead of it
+/// have the claim window to claim the lock: nothing runs in Redis should they not,
+/// so the client looks again once the window has passed (`scripts/holders.lua`).
+const LOOK_AGAIN: &[u8] = b"look-again";
+/// Said when one of them claimed it: the client need not look again.
+const CLAIMED: &[u8] = b"claimed";
 
 /// Release signals by channel: a counter per channel that goes up on each release,
 /// watched by the tasks waiting for that lock. Counted references say when a
@@ -14,6 +25,8 @@ pub(crate) struct Signals {
 struct Signal {
     releases: watch::Sender<u64>,
     watchers: usize,
+    /// Signals the channel once the claim window of a waiter ahead has passed.
+    looking_again: Option<JoinHandle<()>>,
 }
 
 impl Signals {
@@ -25,6 +38,7 @@ impl Signals {
             .or_insert_with(|| Signal {
                 releases: watch::Sender::new(0),
                 watchers: 0,
+                looking_again: None,
             });
         signal.watchers += 1;
         (signal.releases.subscribe(), signal.watchers == 1)
@@ -40,8 +54,35 @@ impl Signals {
         if signal.watchers > 0 {
             return false;
         }
-        channels.remove(channel);
+        if let Some(signal) = channels.remove(channel) {
+            signal.stop_looking_again();
+        }
         true
+    }
+
+    /// What a message said on `channel`: a release or a grant signals it now, a
+    /// waiter ahead let in signals it once its claim window has passed, unless a
+    /// claim comes first.
+    pub(crate) fn heard(&self, channel: &str, message: &[u8]) {
+        let mut channels = self.by_channel();
+        let Some(signal) = channels.get_mut(channel) else {
+            return;
+        };
+        signal.stop_looking_again();
+        match message {
+            LOOK_AGAIN => match Handle::try_current() {
+                Ok(runtime) => {
+                    let releases = signal.releases.clone();
+                    signal.looking_again = Some(runtime.spawn(async move {
+                        tokio::time::sleep(CLAIM_WINDOW).await;
+                        releases.send_modify(|count| *count += 1);
+                    }));
+                }
+                Err(_) => signal.releases.send_modify(|count| *count += 1),
+            },
+            CLAIMED => {}
+            _ => signal.releases.send_modify(|count| *count += 1),
+        }
     }
 
     pub(crate) fn notify(&self, channel: &str) {
@@ -66,5 +107,13 @@ impl Signals {
         self.channels
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Signal {
+    fn stop_looking_again(&self) {
+        if let Some(looking_again) = &self.looking_again {
+            looking_again.abort();
+        }
     }
 }

@@ -129,18 +129,33 @@ impl Acquisition {
         }
     }
 
-    /// Sets the lease to `lease` from now, if the token still holds the lock.
-    pub(super) async fn extend(&self, lease: Duration) -> Result<(), LockError> {
+    /// Sets the lease to `lease` from now, if the token still holds the lock. With
+    /// no answer, the lease is counted as Redis may have set it.
+    pub(super) async fn extend(self: &Arc<Self>, lease: Duration) -> Result<(), LockError> {
         let sent_at = Instant::now();
+        // A shorter lease may end before the keeper would first look at the hold.
+        self.looked_after_by(sent_at + lease);
+        let renewal = self.lease.renewal(sent_at, lease);
         let backend = &self.holds.backend;
         let renewed = backend.renew(&self.name, &self.token, lease).await?;
-        if renewed && self.lease.renewed(sent_at, lease) {
+        if renewal.answered(renewed) {
             return Ok(());
         }
         self.mark_lost();
         Err(LockError::NotHeld {
             key: self.name.key.clone(),
         })
+    }
+
+    /// Has the keeper look after it by `at` at the latest, if it was to look later.
+    fn looked_after_by(self: &Arc<Self>, at: Instant) {
+        let mut care = self.care();
+        if let Care::Scheduled(due) = *care
+            && due.0 > at
+        {
+            self.holds.keeper.forget(due);
+            *care = Care::Scheduled(self.holds.keeper.watch(self, at, &self.runtime));
+        }
     }
 
     /// Hands it to the next task of the client waiting for the key, within the

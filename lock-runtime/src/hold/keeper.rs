@@ -147,14 +147,24 @@ fn keep(hold: &Arc<Acquisition>) {
 /// lets the client's next task in line go to Redis even if the guard lives on.
 /// Aborted when the hold ends.
 async fn keep_until_lost(hold: Weak<Acquisition>) {
-    renew_while_held(&hold).await;
-    let Some(hold) = hold.upgrade() else { return };
-    hold.lease.ended().await;
-    hold.mark_lost();
+    let Some(lease_over) = hold.upgrade().map(|hold| hold.lease.watch_end()) else {
+        return;
+    };
+    let renewing = async {
+        renew_while_held(&hold).await;
+        std::future::pending().await
+    };
+    tokio::select! {
+        () = renewing => {}
+        () = lease_over => {}
+    }
+    if let Some(hold) = hold.upgrade() {
+        hold.mark_lost();
+    }
 }
 
-/// Renewal errors are retried until the lease has run out; a refusal means the
-/// lock is gone.
+/// Renewal errors are retried until the lease has run out (counted as the failed
+/// renewals may have left it); a refusal means the lock is gone.
 async fn renew_while_held(hold: &Weak<Acquisition>) {
     let Some((lease, renew_until, mut next)) = hold.upgrade().and_then(|hold| {
         let lease = hold.watchdog_lease?;
@@ -172,16 +182,18 @@ async fn renew_while_held(hold: &Weak<Acquisition>) {
         tokio::time::sleep_until(next).await;
         let Some(hold) = hold.upgrade() else { return };
         let sent_at = Instant::now();
-        match hold
-            .holds
-            .backend
-            .renew(&hold.name, &hold.token, lease)
-            .await
-        {
-            Ok(true) if hold.lease.renewed(sent_at, lease) => next = sent_at + every,
-            Ok(_) => return hold.mark_lost(),
-            Err(_) if !hold.lease.is_valid() => return hold.mark_lost(),
+        let renewal = hold.lease.renewal(sent_at, lease);
+        let backend = &hold.holds.backend;
+        match backend.renew(&hold.name, &hold.token, lease).await {
+            Ok(renewed) => match renewal.answered(renewed) {
+                true => next = sent_at + every,
+                false => return hold.mark_lost(),
+            },
             Err(error) => {
+                drop(renewal);
+                if !hold.lease.is_valid() {
+                    return hold.mark_lost();
+                }
                 telemetry::renewal_failed(&hold.name.key, &error);
                 next = Instant::now() + retry_every;
             }

@@ -8,40 +8,106 @@ use crate::options::clock_drift;
 /// How long a hold is known valid by this process's clock: until the lease Redis
 /// was asked for would end, less an allowance for clock drift, counted from before
 /// the request was sent. Once that instant has passed, the hold is over for good.
+///
+/// Redis applies one client's renewals in the order they were sent, but one that got
+/// no answer may still be applied after any later one; so may one whose answer
+/// comes after a later one's. Either way the lease is counted as the shorter it
+/// could make it.
 pub(crate) struct Lease {
-    valid_until: watch::Sender<Instant>,
+    validity: watch::Sender<Validity>,
+}
+
+#[derive(Clone, Copy)]
+struct Validity {
+    until: Instant,
+    /// When the grant or the latest renewal counted here was sent.
+    sent_at: Instant,
+    /// The shortest lease asked for by a renewal that got no answer.
+    unanswered: Option<Duration>,
+}
+
+/// A renewal on its way to Redis. Dropped before its answer (an error, or the
+/// caller went), it counts as unanswered: Redis may have applied it, or still may.
+pub(crate) struct Renewal<'a> {
+    lease: &'a Lease,
+    sent_at: Instant,
+    asked: Duration,
+    answered: bool,
 }
 
 impl Lease {
     pub(crate) fn new(sent_at: Instant, lease: Duration) -> Lease {
         Lease {
-            valid_until: watch::Sender::new(valid_until(sent_at, lease)),
+            validity: watch::Sender::new(Validity {
+                until: valid_until(sent_at, lease),
+                sent_at,
+                unanswered: None,
+            }),
         }
     }
 
     pub(crate) fn is_valid(&self) -> bool {
-        Instant::now() < *self.valid_until.borrow()
+        Instant::now() < self.validity.borrow().until
     }
 
-    /// Moves the end to `lease` after `sent_at`, when the request that renewed it
-    /// was sent. Refused once the lease has run out: a late answer revives nothing.
-    pub(crate) fn renewed(&self, sent_at: Instant, lease: Duration) -> bool {
-        self.valid_until.send_if_modified(|until| {
-            let valid = Instant::now() < *until;
+    /// A renewal for `lease`, sent now or at `sent_at`, just before the request.
+    pub(crate) fn renewal(&self, sent_at: Instant, lease: Duration) -> Renewal<'_> {
+        Renewal {
+            lease: self,
+            sent_at,
+            asked: lease,
+            answered: false,
+        }
+    }
+
+    /// Moves the end to `lease` after `sent_at`, when the renewal that Redis applied
+    /// was sent; no further than an unanswered renewal could leave it. Refused once
+    /// the lease has run out: a late answer revives nothing.
+    fn renewed(&self, sent_at: Instant, lease: Duration) -> bool {
+        self.validity.send_if_modified(|validity| {
+            let valid = Instant::now() < validity.until;
             if valid {
-                *until = valid_until(sent_at, lease);
+                let lease = validity
+                    .unanswered
+                    .map_or(lease, |shortest| shortest.min(lease));
+                if sent_at >= validity.sent_at {
+                    validity.until = valid_until(sent_at, lease);
+                    validity.sent_at = sent_at;
+                } else {
+                    // Applied before the latest renewal counted, or after it, and then
+                    // for `lease` from no earlier than that one was sent.
+                    let until = valid_until(validity.sent_at, lease);
+                    validity.until = validity.until.min(until);
+                }
             }
             valid
         })
     }
 
+    /// A renewal for `lease` sent at `sent_at` got no answer: the lease lasts no
+    /// longer than that renewal would leave it, now or after a later renewal.
+    fn unanswered(&self, sent_at: Instant, lease: Duration) {
+        self.validity.send_if_modified(|validity| {
+            let shortest = validity
+                .unanswered
+                .map_or(lease, |shortest| shortest.min(lease));
+            validity.unanswered = Some(shortest);
+            let until = valid_until(sent_at.max(validity.sent_at), lease);
+            let shorter = until < validity.until;
+            if shorter {
+                validity.until = until;
+            }
+            shorter
+        });
+    }
+
     /// Ends the lease now; true when it was still valid.
     pub(crate) fn end(&self) -> bool {
-        self.valid_until.send_if_modified(|until| {
+        self.validity.send_if_modified(|validity| {
             let now = Instant::now();
-            let valid = now < *until;
+            let valid = now < validity.until;
             if valid {
-                *until = now;
+                validity.until = now;
             }
             valid
         })
@@ -49,16 +115,45 @@ impl Lease {
 
     /// Completes once the lease is over, following renewals.
     pub(crate) async fn ended(&self) {
-        let mut valid_until = self.valid_until.subscribe();
-        loop {
-            let until = *valid_until.borrow_and_update();
-            if Instant::now() >= until {
-                return;
+        self.watch_end().await
+    }
+
+    /// Completes once the lease is over, following renewals, or once the lease
+    /// itself is gone; holds nothing of it meanwhile.
+    pub(crate) fn watch_end(&self) -> impl Future<Output = ()> + Send + use<> {
+        let mut validity = self.validity.subscribe();
+        async move {
+            loop {
+                let until = validity.borrow_and_update().until;
+                if Instant::now() >= until {
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(until) => {}
+                    changed = validity.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
+                }
             }
-            tokio::select! {
-                () = tokio::time::sleep_until(until) => {}
-                _ = valid_until.changed() => {}
-            }
+        }
+    }
+}
+
+impl Renewal<'_> {
+    /// Redis answered: `renewed` when the token still held the lock and its lease
+    /// was reset. Returns whether the lease is valid with it.
+    pub(crate) fn answered(mut self, renewed: bool) -> bool {
+        self.answered = true;
+        renewed && self.lease.renewed(self.sent_at, self.asked)
+    }
+}
+
+impl Drop for Renewal<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.lease.unanswered(self.sent_at, self.asked);
         }
     }
 }

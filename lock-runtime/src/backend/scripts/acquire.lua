@@ -26,6 +26,9 @@ local held, holders_kind, count = state(lock)
 if holds(lock, token, held, holders_kind) then
   -- Let in by a release: claim it for the whole lease.
   set_lease(lock, token, kind, lease)
+  if mode ~= 'writers' then
+    tell_first(queue, ARGV[7], ARGV[8], CLAIMED, token)
+  end
   return granted()
 end
 local other = clash(kind, held, holders_kind)
@@ -40,6 +43,10 @@ if ordered and room(kind, held, holders_kind, count) then
     if holds(lock, token, held, holders_kind) then
       set_lease(lock, token, kind, lease)
       return granted()
+    end
+    other = clash(kind, held, holders_kind)
+    if other then
+      return {2, other}
     end
   end
 end

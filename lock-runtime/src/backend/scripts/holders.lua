@@ -89,14 +89,35 @@ local function clash(kind, held, holders_kind)
   return nil
 end
 
+-- Holders that share the key keep it as long as the last lease left on it, shorter
+-- ones included, so that its PTTL tells the truth.
+local function expire_with_last(lock)
+  local last = redis.call('ZRANGE', lock, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIRE', lock, math.max(1, tonumber(last[2]) - now_ms()))
+end
+
 local function set_lease(lock, token, kind, lease)
   if kind == 'exclusive' then
     redis.call('SET', lock, token, 'PX', lease)
     return
   end
   redis.call('ZADD', lock, now_ms() + lease, token)
-  if redis.call('PTTL', lock) < tonumber(lease) then
-    redis.call('PEXPIRE', lock, lease)
+  expire_with_last(lock)
+end
+
+-- Besides a grant (the token let in), a waiting client hears on its grant channel:
+-- LOOK_AGAIN, when those let in ahead of it have the claim window to claim the lock
+-- and nothing would run here should they not, so it looks again once the window has
+-- passed; and CLAIMED, when one of them did, so it need not. backend/signals.rs
+-- reads the same words.
+local LOOK_AGAIN, CLAIMED = 'look-again', 'claimed'
+
+-- Tells the client of the first acquisition in the queue, unless that is `asking`,
+-- which learns from its own reply.
+local function tell_first(queue, grants, publish, message, asking)
+  local first = redis.call('ZRANGE', queue, 0, 0)[1]
+  if first and first ~= asking then
+    redis.call(publish, grants .. string.match(first, '^[^:]*'), message)
   end
 end
 
@@ -113,6 +134,9 @@ local function admit_waiters(lock, queue, claim_ms, grants, publish, asking)
     local kind = kind_of(first)
     local held, holders_kind, count = state(lock)
     if not room(kind, held, holders_kind, count) then
+      if admitted then
+        tell_first(queue, grants, publish, LOOK_AGAIN, asking)
+      end
       return admitted
     end
     redis.call('ZREM', queue, first)
