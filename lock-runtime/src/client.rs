@@ -20,6 +20,11 @@ pub struct ClientConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
     pub(crate) hand_off: HandOff,
+    /// Replicas that must have each grant and renewal; `None`: 1 where the primary
+    /// has replicas at connect, else 0.
+    pub(crate) replicas: Option<usize>,
+    pub(crate) replica_timeout: Duration,
+    pub(crate) fsync: bool,
     #[cfg(feature = "tls")]
     pub(crate) tls_certificates: Option<redis::TlsCertificates>,
 }
@@ -33,6 +38,9 @@ impl Default for ClientConfig {
                 most: DEFAULT_HAND_OFFS,
                 within: DEFAULT_HAND_OFF_WINDOW,
             },
+            replicas: None,
+            replica_timeout: DEFAULT_REPLICA_TIMEOUT,
+            fsync: false,
             #[cfg(feature = "tls")]
             tls_certificates: None,
         }
@@ -43,10 +51,13 @@ impl Default for ClientConfig {
 pub const DEFAULT_HAND_OFFS: u16 = 32;
 /// How long after its Redis acquisition a lock may still be handed on, unless set.
 pub const DEFAULT_HAND_OFF_WINDOW: Duration = Duration::from_millis(20);
+/// How long a grant or renewal waits for its replicas, unless set.
+pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl ClientConfig {
-    /// The defaults: 2 s to connect, 2 s for each call, and up to 32 hand-offs
-    /// within 20 ms of each Redis acquisition.
+    /// The defaults: 2 s to connect, 2 s for each call, up to 32 hand-offs within
+    /// 20 ms of each Redis acquisition, and each grant confirmed by a replica within
+    /// 1 s wherever the primary has replicas.
     pub fn new() -> Self {
         Self::default()
     }
@@ -59,6 +70,42 @@ impl ClientConfig {
     /// Never on Redlock.
     pub fn hand_off(mut self, most: u16, within: Duration) -> Self {
         self.hand_off = HandOff { most, within };
+        self
+    }
+
+    /// How many replicas must have each grant and each renewal before the client
+    /// counts it. A primary that grants a lock and dies before any replica has it
+    /// would otherwise leave the promoted replica free to grant it again: two
+    /// holders. Sentinel and Cluster promote the replica that is furthest along, so
+    /// one is enough.
+    ///
+    /// The default is 1 wherever the primary has replicas when the client connects
+    /// (those the Sentinels list, those Cluster lists for the slot's primary, those
+    /// in sync with one server, as `ROLE` lists them), else 0, which costs nothing. The
+    /// count is fixed then: a replica that disconnects later may still be the one
+    /// promoted, so while it is away grants fail with [`LockError::Replication`]
+    /// after [`replica_timeout`](Self::replica_timeout). `replicas(0)` chooses
+    /// availability instead. Does not apply to Redlock, whose masters are
+    /// independent.
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = Some(replicas);
+        self
+    }
+
+    /// How long a grant or renewal waits for its replicas (1 s unless set). A grant
+    /// not confirmed in time is given back and counts as a failed attempt; a renewal
+    /// not confirmed does not extend what the holder counts on.
+    pub fn replica_timeout(mut self, timeout: Duration) -> Self {
+        self.replica_timeout = timeout;
+        self
+    }
+
+    /// Whether each grant and renewal must also be written to the primary's
+    /// append-only file on disk (`WAITAOF 1 0`), so that a restart without a
+    /// failover cannot forget it. Needs Redis or Valkey 7.2 or newer with
+    /// `appendonly yes`; elsewhere connecting fails and says so. Off by default.
+    pub fn fsync(mut self, fsync: bool) -> Self {
+        self.fsync = fsync;
         self
     }
 
@@ -233,8 +280,9 @@ impl LockClient {
     }
 
     /// The primary that the Sentinels at `sentinel_urls` name for `primary_name`,
-    /// followed through failovers. A lock taken on a primary that fails before
-    /// replicating it is lost with it: the watchdog reports the loss.
+    /// followed through failovers. A lock counts as taken once a replica has it
+    /// (see [`ClientConfig::replicas`]), so the replica promoted after a failover
+    /// never grants it a second time.
     ///
     /// Each Sentinel is reached with the credentials of its URL. The primary is
     /// reached with the user, password and database of the first URL, and over TLS

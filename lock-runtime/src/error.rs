@@ -51,6 +51,14 @@ pub enum LockError {
         granted: usize,
         needed: usize,
     },
+    /// The lock was granted, but fewer replicas than the client requires confirmed
+    /// it in time, so it was given back: a failover could have granted it again.
+    #[non_exhaustive]
+    Replication {
+        key: String,
+        acknowledged: usize,
+        required: usize,
+    },
 }
 
 impl LockError {
@@ -64,7 +72,8 @@ impl LockError {
             | LockError::Reentered { key }
             | LockError::InvalidKey { key, .. }
             | LockError::InvalidOptions { key, .. }
-            | LockError::Quorum { key, .. } => Some(key),
+            | LockError::Quorum { key, .. }
+            | LockError::Replication { key, .. } => Some(key),
             LockError::Backend { key, .. } => key.as_deref(),
             LockError::NoDefaultClient => None,
         }
@@ -152,6 +161,17 @@ impl fmt::Display for LockError {
             } => write!(
                 f,
                 "lock {} was granted by {granted} Redis masters of the {needed} it needs; check that a majority is reachable",
+                Shown(key)
+            ),
+            LockError::Replication {
+                key,
+                acknowledged,
+                required,
+            } => write!(
+                f,
+                "lock {} was granted but only {acknowledged} of the {required} required replicas \
+                 confirmed it in time, so it was given back; check the replicas' links, or lower \
+                 `ClientConfig::replicas` (0 chooses availability over failover safety)",
                 Shown(key)
             ),
         }

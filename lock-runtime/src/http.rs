@@ -12,7 +12,9 @@ impl LockError {
         match self {
             LockError::Busy { .. } | LockError::Timeout { .. } => 423,
             LockError::Lost { .. } | LockError::NotHeld { .. } => 409,
-            LockError::Backend { .. } | LockError::Quorum { .. } => 503,
+            LockError::Backend { .. }
+            | LockError::Quorum { .. }
+            | LockError::Replication { .. } => 503,
             LockError::Reentered { .. }
             | LockError::NoDefaultClient
             | LockError::InvalidKey { .. }
@@ -38,6 +40,7 @@ impl LockError {
             LockError::InvalidOptions { .. } => "invalid_options",
             LockError::Backend { .. } => "backend",
             LockError::Quorum { .. } => "quorum",
+            LockError::Replication { .. } => "replication",
         };
         serde_json::json!({ "error": kind }).to_string()
     }

@@ -147,6 +147,29 @@ impl LockName {
     }
 }
 
+/// The Cluster hash slot of a Redis key: CRC16 (XMODEM) of its hash tag, the text
+/// between the first `{` and the next `}` if not empty, else of the whole key,
+/// modulo 16384.
+pub(crate) fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let close = bytes[open + 1..].iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &bytes[open + 1..open + 1 + close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(bytes) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,37 +281,14 @@ mod tests {
             key
         }
 
-        /// The Cluster slot of a Redis key: CRC16 (XMODEM) of the hash tag, the text
-        /// between the first `{` and the next `}`, if not empty; else of the whole key.
-        fn slot(name: &str) -> u16 {
-            let bytes = name.as_bytes();
-            let hashed = bytes
-                .iter()
-                .position(|&b| b == b'{')
-                .and_then(|open| {
-                    let len = bytes[open + 1..].iter().position(|&b| b == b'}')?;
-                    (len > 0).then(|| &bytes[open + 1..open + 1 + len])
-                })
-                .unwrap_or(bytes);
-            let mut crc: u16 = 0;
-            for &byte in hashed {
-                crc ^= u16::from(byte) << 8;
-                for _ in 0..8 {
-                    crc = if crc & 0x8000 != 0 {
-                        (crc << 1) ^ 0x1021
-                    } else {
-                        crc << 1
-                    };
-                }
-            }
-            crc % 16384
-        }
-
         #[test]
         fn the_slot_function_matches_redis() {
             // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
             assert_eq!(slot("123456789"), 0x31C3);
             assert_eq!(slot("foo"), 12182);
+            assert_eq!(slot("somekey"), 11058);
+            assert_eq!(slot("foo{hash_tag}"), 2515);
+            assert_eq!(slot("foo{}{bar}"), 8363, "an empty tag: the whole key");
             assert_eq!(slot("{user1000}.following"), slot("user1000"));
             assert_ne!(slot("foo{}{bar}"), slot("bar"));
         }

@@ -7,8 +7,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
-use lock_tests::{RedisCluster, RedisServer, SentinelGroup, TestCa};
+use lock_runtime::{LockClient, LockError, LockOptions};
+use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
 use tokio::time::Instant;
 
 use crate::attribute::Overlap;
@@ -16,19 +16,39 @@ use crate::attribute::Overlap;
 /// What the library's ACL user may do, as the README shows it after
 /// `ACL SETUSER locks on >password`: its keys and channels, and its commands.
 const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
-+select \
++select +client|setinfo +role \
 +set +get +del +pexpire +pttl +incr +time +type \
++pexpireat +pexpiretime \
 +zadd +zrem +zrange +zcard +zscore +zremrangebyscore \
-+evalsha +script|load \
++evalsha +script|load +wait +waitaof \
 +publish +spublish +subscribe +unsubscribe +ssubscribe +sunsubscribe";
+
+/// The rules that name commands Redis 7.0 does not have, which it refuses in `ACL
+/// SETUSER`: the README says to leave them out there.
+const NEWER_SERVER_RULES: &str = "+client|setinfo +waitaof";
 
 /// What the ACL user needs in addition on a Cluster, as the README says.
 const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
 
-/// What the ACL user needs in addition on a primary and its replicas that Sentinel
-/// watches, and on the Sentinels, as the README says.
-const LOCK_USER_SENTINEL_RULES: &str = "+role";
-const SENTINEL_USER_RULES: &str = "-@all +sentinel|masters +role";
+/// What the Sentinels' ACL user needs, as the README says.
+const SENTINEL_USER_RULES: &str =
+    "-@all +sentinel|masters +sentinel|replicas +role +client|setinfo";
+
+/// `rules` as `server` takes them: without the rules for commands it does not have,
+/// which only Redis 7.0 lacks.
+fn rules_for<'a>(server: &RedisServer, rules: &'a str) -> Vec<&'a str> {
+    let newer: Vec<&str> = NEWER_SERVER_RULES.split_whitespace().collect();
+    let has_newer = server.has_command("client|setinfo");
+    assert_eq!(
+        has_newer,
+        server.version().number >= (7, 2, 0),
+        "CLIENT SETINFO came with Redis 7.2 (and Valkey 8)"
+    );
+    rules
+        .split_whitespace()
+        .filter(|rule| has_newer || !newer.contains(rule))
+        .collect()
+}
 
 const RETRY_WAIT: Duration = Duration::from_secs(5);
 
@@ -208,8 +228,8 @@ fn add_lock_user(redis: &RedisServer, rules: &str) -> String {
         .arg("locks")
         .arg("on")
         .arg(">locks-pass")
-        .arg(LOCK_USER_RULES.split_whitespace().collect::<Vec<_>>())
-        .arg(rules.split_whitespace().collect::<Vec<_>>())
+        .arg(rules_for(redis, LOCK_USER_RULES))
+        .arg(rules_for(redis, rules))
         .query(&mut redis.connection())
         .expect("ACL SETUSER with the README's rules");
     redis.url_as("locks", "locks-pass")
@@ -238,10 +258,10 @@ fn the_readme_gives_the_tested_acl_line() {
         readme.contains(&line),
         "the README's ACL line differs from the tested one:\n{line}"
     );
+    let older = format!("On Redis 7.0, leave out `{NEWER_SERVER_RULES}`");
     let cluster = format!("On a Cluster, add `{LOCK_USER_CLUSTER_RULES}`");
-    let sentinel = format!("Through Sentinel, add `{LOCK_USER_SENTINEL_RULES}`");
     let sentinels = format!("`ACL SETUSER locks on >CHANGE-ME {SENTINEL_USER_RULES}`");
-    for told in [cluster, sentinel, sentinels] {
+    for told in [older, cluster, sentinels] {
         assert!(readme.contains(&told), "the README does not say {told}");
     }
 }
@@ -345,119 +365,6 @@ async fn a_cluster_takes_the_acl_user_from_its_urls() {
     }
 }
 
-/// Trusts `ca` alone, instead of the system's roots.
-fn trusting(ca: &TestCa) -> ClientConfig {
-    ClientConfig::new().tls_certificates(ca.certificates())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_with_acl_users() {
-    let group = SentinelGroup::start_with_password(Duration::from_secs(1), "admin-pass");
-    for server in [&group.primary, &group.replica] {
-        add_lock_user(server, LOCK_USER_SENTINEL_RULES);
-    }
-    let urls: Vec<String> = group
-        .sentinels
-        .iter()
-        .map(|sentinel| {
-            let () = redis::cmd("ACL")
-                .arg("SETUSER")
-                .arg("locks")
-                .arg("on")
-                .arg(">locks-pass")
-                .arg(SENTINEL_USER_RULES.split_whitespace().collect::<Vec<_>>())
-                .query(&mut sentinel.connection())
-                .expect("ACL SETUSER on a Sentinel");
-            sentinel.url_as("locks", "locks-pass")
-        })
-        .collect();
-    let first = LockClient::sentinel(&urls, group.name).await.unwrap();
-    let second = LockClient::sentinel(&urls, group.name).await.unwrap();
-    exclude_and_wake(&first, &second, &[&group.primary]).await;
-    for server in group
-        .sentinels
-        .iter()
-        .chain([&group.primary, &group.replica])
-    {
-        let denied = denied(server);
-        assert!(
-            denied.is_empty(),
-            "a server or Sentinel refused the library: {denied:?}"
-        );
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_with_a_private_ca() {
-    let ca = Arc::new(TestCa::new());
-    let redis = RedisServer::start_with_tls(&ca, &[]);
-    assert!(redis.url().starts_with("rediss://"));
-    let configured = LockClient::connect_with(&redis.url(), trusting(&ca))
-        .await
-        .unwrap();
-    let built = LockClient::from_client(redis.client_for(&redis.url()))
-        .await
-        .unwrap();
-    exclude_and_wake(&configured, &built, &[&redis]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_refuses_a_server_it_does_not_trust() {
-    let redis = RedisServer::start_with_tls(&Arc::new(TestCa::new()), &[]);
-    let another_ca = TestCa::new();
-    // `connect` trusts the system's roots, which do not hold the test CA.
-    for config in [ClientConfig::new(), trusting(&another_ca)] {
-        let started = Instant::now();
-        let refused = LockClient::connect_with(&redis.url(), config).await;
-        assert!(
-            matches!(refused, Err(LockError::Backend { .. })),
-            "connected to an untrusted server: {refused:?}"
-        );
-        assert!(started.elapsed() < Duration::from_secs(3));
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_over_tls() {
-    let ca = Arc::new(TestCa::new());
-    let cluster = RedisCluster::start_with_tls(&ca);
-    assert!(cluster.urls()[0].starts_with("rediss://"));
-    let first = LockClient::cluster_with(cluster.urls(), trusting(&ca))
-        .await
-        .unwrap();
-    let second = LockClient::cluster_with(cluster.urls(), trusting(&ca))
-        .await
-        .unwrap();
-    exclude_and_wake(&first, &second, &cluster.servers.iter().collect::<Vec<_>>()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_over_tls() {
-    let ca = Arc::new(TestCa::new());
-    let masters: Vec<RedisServer> = (0..3)
-        .map(|_| RedisServer::start_with_tls(&ca, &[]))
-        .collect();
-    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
-    let first = LockClient::redlock_with(&urls, trusting(&ca))
-        .await
-        .unwrap();
-    let second = LockClient::redlock_with(&urls, trusting(&ca))
-        .await
-        .unwrap();
-    exclude_and_wake(&first, &second, &masters.iter().collect::<Vec<_>>()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_over_tls() {
-    let ca = Arc::new(TestCa::new());
-    let group = SentinelGroup::start_with_tls(Duration::from_secs(1), &ca);
-    assert!(group.sentinel_urls()[0].starts_with("rediss://"));
-    let connect = || LockClient::sentinel_with(group.sentinel_urls(), group.name, trusting(&ca));
-    let first = connect().await.unwrap();
-    let second = connect().await.unwrap();
-    exclude_and_wake(&first, &second, &[&group.primary]).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn from_client_locks_on_the_apps_client() {
     let redis = RedisServer::start_with_password("s3cret", &[]);
@@ -497,4 +404,127 @@ async fn from_connection_manager_locks_over_the_apps_connection() {
     );
     let other = LockClient::connect(&redis.url()).await.unwrap();
     exclude_and_wake(&reused, &other, &[&redis]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_with_acl_users() {
+    let group = SentinelGroup::start_with_password(Duration::from_secs(1), "admin-pass");
+    for server in [&group.primary, &group.replica] {
+        add_lock_user(server, "");
+    }
+    let urls: Vec<String> = group
+        .sentinels
+        .iter()
+        .map(|sentinel| {
+            let () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("locks")
+                .arg("on")
+                .arg(">locks-pass")
+                .arg(rules_for(sentinel, SENTINEL_USER_RULES))
+                .query(&mut sentinel.connection())
+                .expect("ACL SETUSER on a Sentinel");
+            sentinel.url_as("locks", "locks-pass")
+        })
+        .collect();
+    let first = LockClient::sentinel(&urls, group.name).await.unwrap();
+    let second = LockClient::sentinel(&urls, group.name).await.unwrap();
+    exclude_and_wake(&first, &second, &[&group.primary]).await;
+    for server in group
+        .sentinels
+        .iter()
+        .chain([&group.primary, &group.replica])
+    {
+        let denied = denied(server);
+        assert!(
+            denied.is_empty(),
+            "a server or Sentinel refused the library: {denied:?}"
+        );
+    }
+}
+
+/// Over TLS with a private CA. Their names contain `tls::`, by which scripts/test
+/// leaves them out on a server binary built without TLS.
+mod tls {
+    use lock_runtime::ClientConfig;
+    use lock_tests::TestCa;
+
+    use super::*;
+
+    /// Trusts `ca` alone, instead of the system's roots.
+    fn trusting(ca: &TestCa) -> ClientConfig {
+        ClientConfig::new().tls_certificates(ca.certificates())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_private_ca() {
+        let ca = Arc::new(TestCa::new());
+        let redis = RedisServer::start_with_tls(&ca, &[]);
+        assert!(redis.url().starts_with("rediss://"));
+        let configured = LockClient::connect_with(&redis.url(), trusting(&ca))
+            .await
+            .unwrap();
+        let built = LockClient::from_client(redis.client_for(&redis.url()))
+            .await
+            .unwrap();
+        exclude_and_wake(&configured, &built, &[&redis]).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refuses_a_server_it_does_not_trust() {
+        let redis = RedisServer::start_with_tls(&Arc::new(TestCa::new()), &[]);
+        let another_ca = TestCa::new();
+        // `connect` trusts the system's roots, which do not hold the test CA.
+        for config in [ClientConfig::new(), trusting(&another_ca)] {
+            let started = Instant::now();
+            let refused = LockClient::connect_with(&redis.url(), config).await;
+            assert!(
+                matches!(refused, Err(LockError::Backend { .. })),
+                "connected to an untrusted server: {refused:?}"
+            );
+            assert!(started.elapsed() < Duration::from_secs(3));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cluster() {
+        let ca = Arc::new(TestCa::new());
+        let cluster = RedisCluster::start_with_tls(&ca);
+        assert!(cluster.urls()[0].starts_with("rediss://"));
+        let first = LockClient::cluster_with(cluster.urls(), trusting(&ca))
+            .await
+            .unwrap();
+        let second = LockClient::cluster_with(cluster.urls(), trusting(&ca))
+            .await
+            .unwrap();
+        exclude_and_wake(&first, &second, &cluster.servers.iter().collect::<Vec<_>>()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redlock_masters() {
+        let ca = Arc::new(TestCa::new());
+        let masters: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_with_tls(&ca, &[]))
+            .collect();
+        let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+        let first = LockClient::redlock_with(&urls, trusting(&ca))
+            .await
+            .unwrap();
+        let second = LockClient::redlock_with(&urls, trusting(&ca))
+            .await
+            .unwrap();
+        exclude_and_wake(&first, &second, &masters.iter().collect::<Vec<_>>()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sentinel() {
+        let ca = Arc::new(TestCa::new());
+        let group = SentinelGroup::start_with_tls(Duration::from_secs(1), &ca);
+        assert!(group.sentinel_urls()[0].starts_with("rediss://"));
+        let connect =
+            || LockClient::sentinel_with(group.sentinel_urls(), group.name, trusting(&ca));
+        let first = connect().await.unwrap();
+        let second = connect().await.unwrap();
+        exclude_and_wake(&first, &second, &[&group.primary]).await;
+    }
 }

@@ -1,10 +1,11 @@
-//! Sentinel: the client follows a failover, and a lock the old primary had not
-//! replicated is lost, which the holder's watchdog reports. Waiters hear releases
-//! on the new primary, and the primary takes the URL's password and database.
+//! Sentinel: the client follows a failover, and where replica sync is turned off, a
+//! lock the old primary had not replicated is lost, which the holder's watchdog
+//! reports. Waiters hear releases on the new primary, and the primary takes the
+//! URL's password and database.
 
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
 use lock_tests::SentinelGroup;
 use redis::Commands;
 use tokio::time::Instant;
@@ -12,7 +13,9 @@ use tokio::time::Instant;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_lost_in_a_failover_is_reported_by_the_watchdog() {
     let mut group = SentinelGroup::start(Duration::from_secs(1));
-    let client = LockClient::sentinel(group.sentinel_urls(), group.name)
+    // Availability over failover safety: the grant below counts without a replica.
+    let config = ClientConfig::new().replicas(0);
+    let client = LockClient::sentinel_with(group.sentinel_urls(), group.name, config)
         .await
         .unwrap();
 
@@ -101,12 +104,14 @@ async fn acquire_after_failover(client: &LockClient, key: &str) -> lock_runtime:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_hear_releases_on_the_new_primary_after_a_failover() {
     let mut group = SentinelGroup::start(Duration::from_secs(1));
-    let holder = LockClient::sentinel(group.sentinel_urls(), group.name)
-        .await
-        .unwrap();
-    let waiter = LockClient::sentinel(group.sentinel_urls(), group.name)
-        .await
-        .unwrap();
+    // The new primary has no replica once the old one is dead: with replica sync,
+    // nothing could be granted there.
+    let connect = || {
+        let config = ClientConfig::new().replicas(0);
+        LockClient::sentinel_with(group.sentinel_urls(), group.name, config)
+    };
+    let holder = connect().await.unwrap();
+    let waiter = connect().await.unwrap();
     // The waiter listens for releases once, on the old primary.
     let guard = holder
         .acquire("warm-up", &LockOptions::new())

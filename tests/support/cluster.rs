@@ -11,6 +11,13 @@ pub struct RedisCluster {
     pub servers: Vec<RedisServer>,
 }
 
+/// A primary and its replica, by their places in [`RedisCluster::servers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub primary: usize,
+    pub replica: usize,
+}
+
 impl RedisCluster {
     pub fn start() -> RedisCluster {
         Self::start_as(None, None)
@@ -28,7 +35,16 @@ impl RedisCluster {
     }
 
     fn start_as(password: Option<&str>, tls: Option<&Arc<TestCa>>) -> RedisCluster {
-        let config = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
+        // A replica that lost its link syncs again at once, not after the 5 s a
+        // diskless primary waits for more replicas by default.
+        let config = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "2000",
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
         let server = || match (password, tls) {
             (Some(password), _) => RedisServer::start_with_password(password, &config),
             (None, Some(ca)) => {
@@ -73,39 +89,103 @@ impl RedisCluster {
 
     /// The primary that serves `slot`.
     pub fn primary_for(&self, slot: u16) -> &RedisServer {
-        let mut connection = self.servers[0].connection();
-        let slots: Vec<(u16, u16, Vec<redis::Value>)> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query(&mut connection)
-            .map(|ranges: Vec<Vec<redis::Value>>| {
-                ranges
-                    .into_iter()
-                    .map(|mut range| {
-                        let nodes = range.split_off(2);
-                        let bound = |value: &redis::Value| match value {
-                            redis::Value::Int(n) => *n as u16,
-                            other => panic!("unexpected slot bound {other:?}"),
-                        };
-                        (bound(&range[0]), bound(&range[1]), nodes)
-                    })
-                    .collect()
-            })
-            .expect("CLUSTER SLOTS");
-        let port = slots
-            .iter()
-            .find(|(start, end, _)| (*start..=*end).contains(&slot))
-            .and_then(|(_, _, nodes)| match nodes.first() {
-                Some(redis::Value::Array(node)) => match node.get(1) {
-                    Some(redis::Value::Int(port)) => Some(*port as u16),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .expect("every slot is served");
+        let port = slot_owner(&self.servers[0], slot).expect("every slot is served");
         self.servers
             .iter()
             .find(|server| server.port() == port)
             .expect("a server of ours")
+    }
+
+    /// The hash slot of `key`.
+    pub fn slot_of(&self, key: &str) -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.servers[0].connection())
+            .expect("CLUSTER KEYSLOT")
+    }
+
+    /// The primary that serves `slot` and its replica.
+    pub fn shard_for(&self, slot: u16) -> Shard {
+        let primary_port = slot_owner(&self.servers[0], slot).expect("every slot is served");
+        let primary = self
+            .servers
+            .iter()
+            .position(|server| server.port() == primary_port)
+            .expect("a server of ours");
+        let primary_id = node_id(&self.servers[primary]);
+        let replica = self
+            .servers
+            .iter()
+            .position(|server| replicating(server).as_deref() == Some(primary_id.as_str()))
+            .expect("the primary has a replica");
+        Shard { primary, replica }
+    }
+
+    /// Cuts `shard`'s replica off: freezes it (`SIGSTOP`) and makes its primary
+    /// drop the link, so that nothing written from now on reaches it.
+    pub fn cut_off_replica(&self, shard: Shard) {
+        self.servers[shard.replica].freeze();
+        self.servers[shard.primary].drop_replica_links();
+    }
+
+    /// `SIGKILL`s `shard`'s primary: whatever its replica does not have is gone.
+    pub fn kill_primary(&mut self, shard: Shard) {
+        self.servers[shard.primary].kill();
+    }
+
+    /// After [`kill_primary`](Self::kill_primary): thaws the replica if it was cut
+    /// off, and waits until it has taken over `slot` by itself (an automatic
+    /// failover, once the other primaries agree that its primary failed) and every
+    /// live node serves with it as the slot's owner. Returns the shard as it is
+    /// now: the old primary, dead, as its replica.
+    pub fn promote_replica(&self, shard: Shard, slot: u16, at_most: Duration) -> Shard {
+        let replica = &self.servers[shard.replica];
+        replica.thaw();
+        let started = Instant::now();
+        let live = || {
+            self.servers
+                .iter()
+                .enumerate()
+                .filter(move |(place, _)| *place != shard.primary)
+                .map(|(_, server)| server)
+        };
+        loop {
+            let promoted = replica.role() == "master"
+                && live().all(|server| {
+                    slot_owner(server, slot) == Some(replica.port()) && cluster_state_ok(server)
+                });
+            if promoted {
+                return Shard {
+                    primary: shard.replica,
+                    replica: shard.primary,
+                };
+            }
+            assert!(
+                started.elapsed() < at_most,
+                "the replica did not take over slot {slot} within {at_most:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// After [`promote_replica`](Self::promote_replica), with the shard it returned:
+    /// starts the old primary again on its port, with nothing of its old data but
+    /// its Cluster identity; the Cluster makes it a replica of the new primary.
+    /// Waits until it is in sync and every node is fine.
+    pub fn restore_old_primary(&mut self, shard: Shard) {
+        let old = &mut self.servers[shard.replica];
+        old.restart();
+        let started = Instant::now();
+        while old.role() != "slave" {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the old primary did not become a replica"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        old.wait_until_in_sync(Duration::from_secs(10));
+        self.wait_until_ok();
     }
 
     /// The primaries, in no particular order.
@@ -171,23 +251,81 @@ impl RedisCluster {
         }
     }
 
+    /// Waits until every node serves, knows a replica for every range of slots, and
+    /// every replica is in sync.
     fn wait_until_ok(&self) {
         let started = Instant::now();
         for server in &self.servers {
-            loop {
-                let info: String = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query(&mut server.connection())
-                    .expect("CLUSTER INFO");
-                if info.contains("cluster_state:ok") {
-                    break;
-                }
+            while !cluster_state_ok(server) || !every_range_has_a_replica(server) {
                 assert!(
                     started.elapsed() < Duration::from_secs(30),
-                    "the cluster did not come up: {info}"
+                    "the cluster did not come up on port {}",
+                    server.port()
                 );
                 std::thread::sleep(Duration::from_millis(50));
             }
+            if server.role() == "slave" {
+                server.wait_until_in_sync(Duration::from_secs(20));
+            }
         }
     }
+}
+
+fn cluster_state_ok(server: &RedisServer) -> bool {
+    let info: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query(&mut server.connection())
+        .expect("CLUSTER INFO");
+    info.contains("cluster_state:ok")
+}
+
+fn node_id(server: &RedisServer) -> String {
+    redis::cmd("CLUSTER")
+        .arg("MYID")
+        .query(&mut server.connection())
+        .expect("CLUSTER MYID")
+}
+
+/// The id of the primary `server` replicates, by its own account.
+fn replicating(server: &RedisServer) -> Option<String> {
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query(&mut server.connection())
+        .expect("CLUSTER NODES");
+    // `<id> <ip:port@bus port> <flags> <primary id or -> ...`, a line per node.
+    nodes
+        .lines()
+        .map(|line| line.split(' ').collect::<Vec<_>>())
+        .find(|fields| fields.len() > 3 && fields[2].split(',').any(|flag| flag == "myself"))
+        .map(|fields| fields[3].to_owned())
+        .filter(|primary| primary != "-")
+}
+
+/// `CLUSTER SLOTS` as `asked` sees it: `[start, end, [ip, port, id], replicas...]`
+/// per range of slots.
+fn slot_ranges(asked: &RedisServer) -> Vec<Vec<redis::Value>> {
+    redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query(&mut asked.connection())
+        .expect("CLUSTER SLOTS")
+}
+
+fn every_range_has_a_replica(asked: &RedisServer) -> bool {
+    slot_ranges(asked).iter().all(|range| range.len() > 3)
+}
+
+/// The port of the primary that serves `slot`, as `asked` sees the Cluster.
+fn slot_owner(asked: &RedisServer, slot: u16) -> Option<u16> {
+    let ranges = slot_ranges(asked);
+    let number = |value: Option<&redis::Value>| match value {
+        Some(redis::Value::Int(number)) => *number as u16,
+        other => panic!("CLUSTER SLOTS answered {other:?} for a number"),
+    };
+    ranges
+        .iter()
+        .find(|range| (number(range.first())..=number(range.get(1))).contains(&slot))
+        .map(|range| match range.get(2) {
+            Some(redis::Value::Array(node)) => number(node.get(1)),
+            other => panic!("CLUSTER SLOTS answered {other:?} for a node"),
+        })
 }

@@ -1,4 +1,5 @@
-//! Test support on real processes: `redis-server`s on free loopback ports (alone, as
+//! Test support on real processes: servers (`redis-server`, or the binary that
+//! `LOCK_TEST_SERVER` names, such as `valkey-server`) on free loopback ports (alone, as
 //! a Cluster, or watched by Sentinels; in the clear, or over TLS with a CA made at
 //! test time), and loopback TCP proxies that stall, cut or count a client's traffic.
 //!
@@ -11,9 +12,9 @@ mod sentinel;
 mod server;
 mod tls;
 
-pub use cluster::RedisCluster;
+pub use cluster::{RedisCluster, Shard};
 pub use counting::{CommandCounts, CountingProxy};
 pub use proxy::TcpProxy;
 pub use sentinel::SentinelGroup;
-pub use server::RedisServer;
+pub use server::{RedisServer, SERVER_VARIABLE, ServerVersion, server_binary};
 pub use tls::TestCa;

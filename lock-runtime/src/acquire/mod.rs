@@ -106,7 +106,7 @@ impl Acquirer {
             .queues
             .join(&name, plan.kind)
             .map_err(|held_as| clash(&name, held_as, plan.kind))?;
-        let turn = if plan.spin {
+        let mut turn = if plan.spin {
             tokio::time::timeout_at(deadline, place.turn())
                 .await
                 .map_err(|_| timeout(&name, 0, started))?

@@ -7,6 +7,7 @@ use redis::aio::{
 };
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 #[cfg(feature = "tls")]
 use redis::sentinel::SentinelClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use super::signals::Signals;
 use crate::ClientConfig;
+use crate::key::slot;
 
 /// Where the locks live, and how to connect there again.
 pub(crate) enum Target {
@@ -123,6 +125,61 @@ impl Target {
         }
     }
 
+    /// A connection of its own, never the application's: for requests that may block
+    /// it (`WAIT`).
+    pub(crate) async fn connect_apart(&self, config: &ClientConfig) -> RedisResult<Connection> {
+        match self {
+            Target::Server { client, .. } => {
+                let manager =
+                    ConnectionManager::new_with_config(client.clone(), manager_config(config))
+                        .await?;
+                Ok(Connection::Server(manager))
+            }
+            Target::Cluster(_) | Target::Sentinel { .. } => self.connect(config).await,
+        }
+    }
+
+    /// How many replicas the primary has now, as the topology lists them: those the
+    /// Sentinels know (down ones included), those Cluster lists for each slot's
+    /// primary (failing ones included), or those connected to one server.
+    pub(crate) async fn replicas(
+        &self,
+        connection: &mut Connection,
+        config: &ClientConfig,
+    ) -> RedisResult<Replicas> {
+        match (self, connection) {
+            (Target::Cluster(_), Connection::Cluster(cluster)) => {
+                let mut slots = redis::cmd("CLUSTER");
+                slots.arg("SLOTS");
+                let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                let slots = cluster.route_command(slots, random).await?;
+                Ok(Replicas::PerSlot(replicas_per_slot(slots)?))
+            }
+            (
+                Target::Sentinel {
+                    sentinels, primary, ..
+                },
+                connection,
+            ) => {
+                for url in sentinels {
+                    if let Ok(count) = sentinel_replicas(url, primary, config).await {
+                        return Ok(Replicas::Everywhere(count));
+                    }
+                }
+                // No Sentinel would say (an ACL without `sentinel|replicas`, say):
+                // the primary's own count is the next best.
+                Ok(Replicas::Everywhere(connected_replicas(connection).await?))
+            }
+            (Target::Server { .. }, connection) => {
+                Ok(Replicas::Everywhere(connected_replicas(connection).await?))
+            }
+            (Target::Cluster(_), _) => Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "a Cluster target with another kind of connection",
+            ))),
+        }
+    }
+
     /// A connection made on first use, for a Redlock node that may be down now.
     pub(crate) fn connect_lazily(&self, config: &ClientConfig) -> RedisResult<Connection> {
         match self {
@@ -195,7 +252,106 @@ impl Target {
     }
 }
 
+/// Redis calls may wait on a reconnect; this caps the whole call, not just one read.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(RedisError::from((
+            ErrorKind::Io,
+            "no answer from Redis in time",
+            format!("gave up after {} ms", limit.as_millis()),
+        ))),
+    }
+}
+
+/// How many replicas the primary of a lock has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Replicas {
+    Everywhere(usize),
+    /// On Cluster: the first and last slot of each range, and its primary's replicas.
+    PerSlot(Vec<(u16, u16, usize)>),
+}
+
+impl Replicas {
+    /// The replicas of the primary that serves `key`.
+    pub(crate) fn of(&self, key: &str) -> usize {
+        match self {
+            Replicas::Everywhere(count) => *count,
+            Replicas::PerSlot(ranges) => {
+                let slot = slot(key);
+                ranges
+                    .iter()
+                    .find(|(first, last, _)| (*first..=*last).contains(&slot))
+                    .map_or(0, |(_, _, count)| *count)
+            }
+        }
+    }
+
+    pub(crate) fn any(&self) -> bool {
+        match self {
+            Replicas::Everywhere(count) => *count > 0,
+            Replicas::PerSlot(ranges) => ranges.iter().any(|(_, _, count)| *count > 0),
+        }
+    }
+}
+
+/// Slot ranges from `CLUSTER SLOTS`, each with how many replicas its primary has:
+/// every entry is the first and last slot, the primary, then each replica.
+fn replicas_per_slot(slots: Value) -> RedisResult<Vec<(u16, u16, usize)>> {
+    let ranges: Vec<Vec<Value>> = redis::from_redis_value(slots)?;
+    ranges
+        .into_iter()
+        .map(|range| {
+            let first = redis::from_redis_value(range.first().cloned().unwrap_or(Value::Nil))?;
+            let last = redis::from_redis_value(range.get(1).cloned().unwrap_or(Value::Nil))?;
+            Ok((first, last, range.len().saturating_sub(3)))
+        })
+        .collect()
+}
+
+/// The replicas connected to the primary now, from `ROLE`.
+async fn connected_replicas(connection: &mut Connection) -> RedisResult<usize> {
+    let role: Vec<Value> = redis::cmd("ROLE").query_async(connection).await?;
+    match role.get(2) {
+        Some(Value::Array(replicas)) => Ok(replicas.len()),
+        _ => Ok(0),
+    }
+}
+
+/// How many replicas the Sentinel at `url` lists for `primary`.
+async fn sentinel_replicas(url: &str, primary: &str, config: &ClientConfig) -> RedisResult<usize> {
+    // A Sentinel has no databases: the URL's is the primary's.
+    let info = open(url, config)?.get_connection_info().clone();
+    let settings = info.redis_settings().clone().set_db(0);
+    let client = Client::open(info.set_redis_settings(settings))?;
+    let mut sentinel = client
+        .get_multiplexed_async_connection_with_config(&connection_config(config))
+        .await?;
+    let replicas: Vec<Value> = redis::cmd("SENTINEL")
+        .arg("REPLICAS")
+        .arg(primary)
+        .query_async(&mut sentinel)
+        .await?;
+    Ok(replicas.len())
+}
+
 impl Connection {
+    /// Sends `command` to the primary that serves `key`; on Cluster, a command with
+    /// no key of its own (`WAIT`) goes there too.
+    pub(crate) async fn on_primary_of(&mut self, key: &str, command: Cmd) -> RedisResult<Value> {
+        match self {
+            Connection::Cluster(cluster) => {
+                let primary = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(primary));
+                cluster.route_command(command, routing).await
+            }
+            connection => command.query_async(connection).await,
+        }
+    }
+
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             Connection::Server(manager) => manager.subscribe(channel).await,
@@ -367,15 +523,20 @@ impl ConnectionLike for SentinelConnection {
     }
 }
 
-/// A release message wakes that lock's waiters. A dropped connection may have lost
-/// messages, so it wakes them all to look again.
+/// A release or grant message wakes that lock's waiters (`Signals::heard` says
+/// when). A dropped connection may have lost messages, so it wakes them all to look
+/// again.
 fn on_push(signals: &Signals, push: PushInfo) {
     match push.kind {
         PushKind::Message | PushKind::SMessage => {
             if let Some(Value::BulkString(channel)) = push.data.first()
                 && let Ok(channel) = std::str::from_utf8(channel)
             {
-                signals.notify(channel);
+                let message = match push.data.get(1) {
+                    Some(Value::BulkString(message)) => &message[..],
+                    _ => &[],
+                };
+                signals.heard(channel, message);
             }
         }
         PushKind::Disconnection => signals.notify_all(),
@@ -494,4 +655,45 @@ fn connection_config(config: &ClientConfig) -> AsyncConnectionConfig {
     AsyncConnectionConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
         .set_response_timeout(Some(config.command_timeout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_slots_give_each_ranges_replicas() {
+        let node = |port: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let slots = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node(7000),
+                node(7003),
+            ]),
+            Value::Array(vec![Value::Int(5461), Value::Int(10922), node(7001)]),
+            Value::Array(vec![
+                Value::Int(10923),
+                Value::Int(16383),
+                node(7002),
+                node(7004),
+                node(7005),
+            ]),
+        ]);
+        let ranges = replicas_per_slot(slots).unwrap();
+        assert_eq!(
+            ranges,
+            vec![(0, 5460, 1), (5461, 10922, 0), (10923, 16383, 2)]
+        );
+        let replicas = Replicas::PerSlot(ranges);
+        assert_eq!(replicas.of("foo"), 2, "slot 12182");
+        assert_eq!(replicas.of("foo{hash_tag}"), 1, "slot 2515");
+        assert!(replicas.any());
+    }
 }

@@ -11,6 +11,7 @@ mod connection;
 mod memory;
 mod redis;
 mod redlock;
+mod replication;
 mod signals;
 
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{Mutex, watch};
 
 pub(crate) use self::background::{Background, Finishing, Orphan};
-pub(crate) use self::connection::Target;
+pub(crate) use self::connection::{Target, bounded};
 pub(crate) use self::memory::MemoryStore;
 pub(crate) use self::redis::RedisNode;
 pub use self::redis::script_hashes;
@@ -44,6 +45,12 @@ pub(crate) enum Attempt {
     /// The lock is held as a kind the attempt's kind never shares it with: a lock
     /// and a semaphore, or semaphores of different sizes.
     Clash { held_as: Kind },
+    /// The lock was granted, but fewer replicas than required had it in time, so it
+    /// was given back.
+    Unreplicated {
+        acknowledged: usize,
+        required: usize,
+    },
 }
 
 /// What a release did.

@@ -6,7 +6,8 @@ use std::time::Duration;
 use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation};
 use tokio::sync::OnceCell;
 
-use super::connection::{Connection, Target};
+use super::connection::{Connection, Target, bounded};
+use super::replication::{Confirmed, Replication};
 use super::signals::Signals;
 use super::{Attempt, CLAIM_WINDOW, Queue, Released, Waiters, lease_ms};
 use crate::key::LockName;
@@ -50,6 +51,8 @@ pub(crate) struct RedisNode {
     target: Target,
     config: ClientConfig,
     connection: Connection,
+    /// Confirms grants and renewals with the replicas, where any are required.
+    replication: Option<Replication>,
     /// The pub/sub connection, made when a task first has to wait.
     subscriber: OnceCell<Connection>,
     signals: Arc<Signals>,
@@ -76,10 +79,14 @@ impl RedisNode {
         if telemetry::WARNS {
             warn_if_locks_may_be_evicted(&mut connection, config.command_timeout).await;
         }
-        Ok(Self::with_connection(target, connection, config, signals))
+        let replication = Replication::connect(&target, &mut connection, config).await?;
+        let mut node = Self::with_connection(target, connection, config, signals);
+        node.replication = replication;
+        Ok(node)
     }
 
-    /// Connects on first use: for a Redlock node that may be down at start-up.
+    /// Connects on first use: for a Redlock node that may be down at start-up. Its
+    /// replicas are the user's business: Redlock's masters are independent.
     pub(crate) fn lazy(
         url: &str,
         config: &ClientConfig,
@@ -101,6 +108,7 @@ impl RedisNode {
             target,
             config: config.clone(),
             connection,
+            replication: None,
             subscriber: OnceCell::new(),
             signals,
         }
@@ -140,7 +148,7 @@ impl RedisNode {
                 set.query_async::<Option<redis::Value>>(&mut connection),
             );
             match set.await {
-                Ok(None) => return Ok(Attempt::Granted { fence: None }),
+                Ok(None) => return self.replicated(name, token, None).await,
                 Ok(Some(_holder)) => {
                     return Ok(Attempt::Busy {
                         retry_in: None,
@@ -172,9 +180,10 @@ impl RedisNode {
             .run(name, invocation.invoke_async(&mut connection))
             .await?;
         Ok(match reply[..] {
-            [1, counter, ..] => Attempt::Granted {
-                fence: fencing.then_some(counter as u64),
-            },
+            [1, counter, ..] => {
+                let fence = fencing.then_some(counter as u64);
+                return self.replicated(name, token, fence).await;
+            }
             [2, held, ..] => Attempt::Clash {
                 held_as: match held {
                     0 => Kind::Exclusive,
@@ -196,6 +205,37 @@ impl RedisNode {
                 return Err(LockError::backend(&name.key, error));
             }
         })
+    }
+
+    /// The grant to `token`, once the replicas required have it; else it is given
+    /// back, and the attempt failed.
+    async fn replicated(
+        &self,
+        name: &LockName,
+        token: &str,
+        fence: Option<u64>,
+    ) -> Result<Attempt, LockError> {
+        let Some(replication) = &self.replication else {
+            return Ok(Attempt::Granted { fence });
+        };
+        let confirmed = replication.confirm(name, token).await;
+        match confirmed.map_err(|source| LockError::backend(&name.key, source))? {
+            Confirmed::Yes => Ok(Attempt::Granted { fence }),
+            Confirmed::NotHeld => Ok(Attempt::Busy {
+                retry_in: None,
+                fence: None,
+            }),
+            Confirmed::Short {
+                acknowledged,
+                required,
+            } => {
+                self.release(name, token, Waiters::Queue).await?;
+                Ok(Attempt::Unreplicated {
+                    acknowledged,
+                    required,
+                })
+            }
+        }
     }
 
     /// Frees the lock if `token` holds it, telling `waiters`; a token that waits in
@@ -229,7 +269,9 @@ impl RedisNode {
         })
     }
 
-    /// Frees the lock whoever holds it, telling `waiters`; whether it was held.
+    /// Frees the lock whoever holds it, telling `waiters`; whether it was held. Sent
+    /// once: if Redis ran it and the answer was lost, a second one would free the
+    /// lock it passed to a waiter.
     pub(crate) async fn force_unlock(
         &self,
         name: &LockName,
@@ -238,7 +280,10 @@ impl RedisNode {
         let mut invocation = FORCE_UNLOCK.key(&name.hash);
         invocation.key(&name.queue);
         self.telling(&mut invocation, name, waiters);
-        let freed: u64 = self.invoke_idempotent(name, &invocation).await?;
+        let mut connection = self.connection.clone();
+        let freed: u64 = self
+            .run(name, invocation.invoke_async(&mut connection))
+            .await?;
         Ok(freed == 1)
     }
 
@@ -271,7 +316,22 @@ impl RedisNode {
         let mut invocation = RENEW.key(&name.hash);
         invocation.arg(token).arg(lease_ms(lease));
         let renewed: i64 = self.invoke_idempotent(name, &invocation).await?;
-        Ok(renewed == 1)
+        let Some(replication) = self.replication.as_ref().filter(|_| renewed == 1) else {
+            return Ok(renewed == 1);
+        };
+        let confirmed = replication.confirm(name, token).await;
+        match confirmed.map_err(|source| LockError::backend(&name.key, source))? {
+            Confirmed::Yes => Ok(true),
+            Confirmed::NotHeld => Ok(false),
+            Confirmed::Short {
+                acknowledged,
+                required,
+            } => Err(LockError::Replication {
+                key: name.key.clone(),
+                acknowledged,
+                required,
+            }),
+        }
     }
 
     /// Raises the lock's fencing counter to at least `floor`; returns the counter.
@@ -351,20 +411,5 @@ async fn warn_if_locks_may_be_evicted(connection: &mut Connection, limit: Durati
         && policy != "noeviction"
     {
         telemetry::eviction_possible(policy);
-    }
-}
-
-/// Redis calls may wait on a reconnect; this caps the whole call, not just one read.
-async fn bounded<T>(
-    limit: Duration,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> redis::RedisResult<T> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(RedisError::from((
-            ErrorKind::Io,
-            "no answer from Redis in time",
-            format!("gave up after {} ms", limit.as_millis()),
-        ))),
     }
 }

@@ -1,0 +1,318 @@
+//! A grant counts once the replicas that may be promoted have it. After a script
+//! grants or renews a lock, a round on a connection of its own confirms it: a script
+//! checks that each token still holds its lock and writes that lock's expiry again
+//! as it stands, and a `WAIT` then returns once the replicas have everything the node
+//! had written up to that write, grants included. (`WAIT` counts only the writes of
+//! its own connection, hence the write.) Grants that arrive while a round runs share
+//! the next one, a group commit: one `WAIT` covers them all, and the connection that
+//! takes and frees locks never blocks on one.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError, RedisResult, Script};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+
+use super::connection::{Connection, Replicas, Target, bounded};
+use crate::key::{LockName, slot};
+use crate::{ClientConfig, LockError};
+
+static CONFIRM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/holders.lua"),
+        include_str!("scripts/confirm.lua")
+    ))
+});
+
+/// What confirming a grant or renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Confirmed {
+    /// The replicas required have it (and the primary's disk, with `fsync`).
+    Yes,
+    /// The token no longer holds the lock.
+    NotHeld,
+    /// Fewer replicas than required acknowledged it in time, or it was not written
+    /// to disk in time (`acknowledged` then counts the replicas all the same).
+    Short {
+        acknowledged: usize,
+        required: usize,
+    },
+}
+
+pub(crate) struct Replication {
+    required: Required,
+    rounds: Arc<Rounds>,
+    /// Where requests for the next round go; a task runs the rounds, started again
+    /// on the caller's runtime when the one it ran on has gone.
+    requests: Mutex<Option<mpsc::UnboundedSender<Request>>>,
+}
+
+/// How many replicas must acknowledge a grant.
+enum Required {
+    Configured(usize),
+    /// One wherever the primary had replicas at connect.
+    Listed(Replicas),
+}
+
+struct Rounds {
+    connection: Connection,
+    fsync: bool,
+    cluster: bool,
+    wait_ms: u64,
+    /// The longest a round's request may take, waiting included.
+    limit: Duration,
+}
+
+struct Request {
+    lock: String,
+    token: String,
+    required: usize,
+    answer: oneshot::Sender<RedisResult<Confirmed>>,
+}
+
+impl Required {
+    fn of(&self, lock: &str) -> usize {
+        match self {
+            Required::Configured(count) => *count,
+            Required::Listed(replicas) => replicas.of(lock).min(1),
+        }
+    }
+
+    fn any(&self) -> bool {
+        match self {
+            Required::Configured(count) => *count > 0,
+            Required::Listed(replicas) => replicas.any(),
+        }
+    }
+}
+
+impl Replication {
+    /// What confirming grants takes on `target`, whose locks `main` takes: `None`
+    /// when nothing is required, which costs nothing.
+    pub(crate) async fn connect(
+        target: &Target,
+        main: &mut Connection,
+        config: &ClientConfig,
+    ) -> Result<Option<Replication>, LockError> {
+        let unreachable = |source| LockError::Backend { key: None, source };
+        let required = match config.replicas {
+            Some(count) => Required::Configured(count),
+            None => {
+                let listing = bounded(config.command_timeout, target.replicas(main, config));
+                Required::Listed(listing.await.map_err(|source| {
+                    if source.code() != Some("NOPERM") {
+                        return unreachable(source);
+                    }
+                    LockError::InvalidOptions {
+                        key: String::new(),
+                        reason: format!(
+                            "the client could not ask how many replicas the primary has \
+                             (`ROLE`, or `CLUSTER SLOTS` on a Cluster): {source}; allow that \
+                             command to the user, or set `ClientConfig::replicas`"
+                        ),
+                    }
+                })?)
+            }
+        };
+        if !required.any() && !config.fsync {
+            return Ok(None);
+        }
+        let limit = config.command_timeout + config.replica_timeout;
+        let apart = config.clone().command_timeout(limit);
+        let mut connection = bounded(config.connect_timeout, target.connect_apart(&apart))
+            .await
+            .map_err(unreachable)?;
+        let wait_ms = config.replica_timeout.as_millis().clamp(1, u64::MAX.into()) as u64;
+        if config.fsync {
+            let mut waitaof = redis::cmd("WAITAOF");
+            waitaof.arg(1).arg(0).arg(wait_ms);
+            let checked = bounded(limit, waitaof.query_async::<redis::Value>(&mut connection));
+            if let Err(error) = checked.await {
+                return Err(LockError::InvalidOptions {
+                    key: String::new(),
+                    reason: format!(
+                        "`fsync(true)` needs Redis or Valkey 7.2 or newer with `appendonly yes`, \
+                         and the server refused `WAITAOF 1 0`: {error}"
+                    ),
+                });
+            }
+        }
+        Ok(Some(Replication {
+            required,
+            rounds: Arc::new(Rounds {
+                connection,
+                fsync: config.fsync,
+                cluster: matches!(target, Target::Cluster(_)),
+                wait_ms,
+                limit,
+            }),
+            requests: Mutex::default(),
+        }))
+    }
+
+    /// Whether the replicas required have what `token` was granted or renewed on
+    /// `name`, once the answer that said so has arrived.
+    pub(crate) async fn confirm(&self, name: &LockName, token: &str) -> RedisResult<Confirmed> {
+        let required = self.required.of(&name.hash);
+        if required == 0 && !self.rounds.fsync {
+            return Ok(Confirmed::Yes);
+        }
+        let (answer, answered) = oneshot::channel();
+        let request = Request {
+            lock: name.hash.clone(),
+            token: token.to_owned(),
+            required,
+            answer,
+        };
+        if let Err(unsent) = self.sender().send(request) {
+            // The task went with its runtime between our look and the send.
+            self.requests
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            self.sender().send(unsent.0).map_err(|_| no_rounds())?;
+        }
+        answered.await.unwrap_or_else(|_| Err(no_rounds()))
+    }
+
+    fn sender(&self) -> mpsc::UnboundedSender<Request> {
+        let mut requests = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        match &*requests {
+            Some(sender) if !sender.is_closed() => sender.clone(),
+            _ => {
+                let (sender, receiver) = mpsc::unbounded_channel();
+                tokio::spawn(run_rounds(self.rounds.clone(), receiver));
+                *requests = Some(sender.clone());
+                sender
+            }
+        }
+    }
+}
+
+/// Runs a round for every request waiting when the last one ended.
+async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<Request>) {
+    while let Some(first) = requests.recv().await {
+        let mut batch = vec![first];
+        while let Ok(more) = requests.try_recv() {
+            batch.push(more);
+        }
+        rounds.run(batch).await;
+    }
+}
+
+impl Rounds {
+    /// Confirms `batch`: the checks first, one script per hash slot, then the waits,
+    /// so that a wait on a node finds the checks of every slot it serves done.
+    async fn run(self: &Arc<Self>, batch: Vec<Request>) {
+        let mut groups: BTreeMap<u16, Vec<Request>> = BTreeMap::new();
+        for request in batch {
+            let group = if self.cluster { slot(&request.lock) } else { 0 };
+            groups.entry(group).or_default().push(request);
+        }
+        let mut checks = JoinSet::new();
+        for group in groups.into_values() {
+            let rounds = self.clone();
+            checks.spawn(async move {
+                let held = rounds.check(&group).await;
+                (group, held)
+            });
+        }
+        let mut waits = JoinSet::new();
+        while let Some(Ok((group, held))) = checks.join_next().await {
+            let held = match held {
+                Ok(held) if held.iter().any(|&held| held) => held,
+                Ok(_) => {
+                    answer_each(group, |_| Ok(Confirmed::NotHeld));
+                    continue;
+                }
+                Err(error) => {
+                    answer_each(group, |_| Err(copy(&error)));
+                    continue;
+                }
+            };
+            let rounds = self.clone();
+            waits.spawn(async move {
+                let acknowledged = rounds.wait(&group).await;
+                answer_each_held(group, &held, acknowledged);
+            });
+        }
+        while waits.join_next().await.is_some() {}
+    }
+
+    async fn check(&self, group: &[Request]) -> RedisResult<Vec<bool>> {
+        let mut invocation = CONFIRM.prepare_invoke();
+        for request in group {
+            invocation.key(&request.lock);
+        }
+        for request in group {
+            invocation.arg(&request.token);
+        }
+        let mut connection = self.connection.clone();
+        let held: Vec<i64> = bounded(self.limit, invocation.invoke_async(&mut connection)).await?;
+        Ok(held.into_iter().map(|held| held == 1).collect())
+    }
+
+    /// How many replicas acknowledged the group's slot's writes, and whether the
+    /// primary wrote them to disk, where that is asked for.
+    async fn wait(&self, group: &[Request]) -> RedisResult<(usize, bool)> {
+        let lock = &group[0].lock;
+        let required = group.iter().map(|request| request.required).max();
+        let mut connection = self.connection.clone();
+        let mut acknowledged = 0;
+        if let Some(required) = required.filter(|&required| required > 0) {
+            let mut wait = redis::cmd("WAIT");
+            wait.arg(required).arg(self.wait_ms);
+            let waited = bounded(self.limit, connection.on_primary_of(lock, wait)).await?;
+            acknowledged = redis::from_redis_value(waited)?;
+        }
+        let mut fsynced = true;
+        if self.fsync {
+            let mut waitaof = redis::cmd("WAITAOF");
+            waitaof.arg(1).arg(0).arg(self.wait_ms);
+            let waited = bounded(self.limit, connection.on_primary_of(lock, waitaof)).await?;
+            let (local, _replicas): (usize, usize) = redis::from_redis_value(waited)?;
+            fsynced = local >= 1;
+        }
+        Ok((acknowledged, fsynced))
+    }
+}
+
+fn answer_each(group: Vec<Request>, answer: impl Fn(&Request) -> RedisResult<Confirmed>) {
+    for request in group {
+        let answer = answer(&request);
+        let _ = request.answer.send(answer);
+    }
+}
+
+fn answer_each_held(group: Vec<Request>, held: &[bool], waited: RedisResult<(usize, bool)>) {
+    for (request, &held) in group.into_iter().zip(held) {
+        let answer = match &waited {
+            _ if !held => Ok(Confirmed::NotHeld),
+            Ok((acknowledged, true)) if *acknowledged >= request.required => Ok(Confirmed::Yes),
+            Ok((acknowledged, _)) => Ok(Confirmed::Short {
+                acknowledged: *acknowledged,
+                required: request.required,
+            }),
+            Err(error) => Err(copy(error)),
+        };
+        let _ = request.answer.send(answer);
+    }
+}
+
+/// The same error for another waiter: a `RedisError` does not clone.
+fn copy(error: &RedisError) -> RedisError {
+    RedisError::from((
+        error.kind(),
+        "confirming a grant with the replicas failed",
+        error.to_string(),
+    ))
+}
+
+fn no_rounds() -> RedisError {
+    RedisError::from((
+        ErrorKind::Io,
+        "the replica check stopped: its runtime shut down",
+    ))
+}

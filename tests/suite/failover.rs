@@ -1,0 +1,239 @@
+//! Failover, on Sentinel and on Cluster: the primary grants a lock its replica
+//! never receives, dies, and the replica is promoted. A client that counts a grant
+//! only once a replica has it (the default) never believes it holds a lock that
+//! the promoted replica then grants to another client. A client that opts out
+//! with `replicas(0)` does, beside it in the same failover: the fault is real.
+
+use std::time::{Duration, SystemTime};
+
+use lock_runtime::history::{History, Holding};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockGuard, LockOptions};
+use lock_tests::{RedisCluster, SentinelGroup, Shard};
+use tokio::task::{JoinHandle, block_in_place};
+use tokio::time::Instant;
+
+/// A group whose primary for the test's keys can be failed over.
+enum Failover {
+    Sentinel(Box<SentinelGroup>),
+    Cluster {
+        cluster: RedisCluster,
+        shard: Shard,
+        slot: u16,
+    },
+}
+
+impl Failover {
+    async fn client(&self, config: ClientConfig) -> LockClient {
+        match self {
+            Failover::Sentinel(group) => {
+                LockClient::sentinel_with(group.sentinel_urls(), group.name, config).await
+            }
+            Failover::Cluster { cluster, .. } => {
+                LockClient::cluster_with(cluster.urls(), config).await
+            }
+        }
+        .expect("connect to the healthy group")
+    }
+
+    fn cut_off_replica(&self) {
+        match self {
+            Failover::Sentinel(group) => group.cut_off_replica(),
+            Failover::Cluster { cluster, shard, .. } => cluster.cut_off_replica(*shard),
+        }
+    }
+
+    /// Kills the primary, waits until the replica is promoted, and brings the old
+    /// primary back as its replica, so that grants can be acknowledged again.
+    fn fail_over(&mut self) {
+        let at_most = Duration::from_secs(30);
+        match self {
+            Failover::Sentinel(group) => {
+                group.kill_primary();
+                group.promote_replica(at_most);
+                group.restore_old_primary();
+            }
+            Failover::Cluster {
+                cluster,
+                shard,
+                slot,
+            } => {
+                cluster.kill_primary(*shard);
+                *shard = cluster.promote_replica(*shard, *slot, at_most);
+                cluster.restore_old_primary(*shard);
+            }
+        }
+    }
+}
+
+/// A guard granted before the failover, watched until it learns its lock is lost.
+struct Believer {
+    name: &'static str,
+    key: String,
+    from: SystemTime,
+    lost_at: JoinHandle<(LockGuard, SystemTime)>,
+}
+
+impl Believer {
+    fn watch(name: &'static str, guard: LockGuard, from: SystemTime) -> Believer {
+        Believer {
+            name,
+            key: guard.key().to_owned(),
+            from,
+            lost_at: tokio::spawn(async move {
+                guard.lost().await;
+                (guard, SystemTime::now())
+            }),
+        }
+    }
+
+    /// Its holding as it believed it: until it learned the loss, or until now.
+    async fn holding(self) -> Holding {
+        let until = if self.lost_at.is_finished() {
+            self.lost_at.await.expect("the watcher").1
+        } else {
+            self.lost_at.abort();
+            SystemTime::now()
+        };
+        Holding {
+            holder: self.name.to_owned(),
+            key: self.key,
+            from: self.from,
+            until,
+            fence: None,
+        }
+    }
+}
+
+/// Takes `key` after the failover, retrying while the client finds the new
+/// primary and while its replica catches up.
+async fn acquire_after_failover(client: &LockClient, key: &str) -> (LockGuard, SystemTime) {
+    let started = Instant::now();
+    loop {
+        match client.acquire(key, &LockOptions::new()).await {
+            Ok(guard) => return (guard, SystemTime::now()),
+            Err(error @ (LockError::Backend { .. } | LockError::Replication { .. })) => {
+                assert!(started.elapsed() < Duration::from_secs(20), "{error}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("after the failover: {error}"),
+        }
+    }
+}
+
+async fn no_two_believed_holders_after_a_failover(
+    mut failover: Failover,
+    key: &str,
+    control_key: &str,
+) {
+    let first = failover.client(ClientConfig::new()).await;
+    let opted_out = failover.client(ClientConfig::new().replicas(0)).await;
+    let second = failover.client(ClientConfig::new()).await;
+
+    // A healthy group grants at once, replica sync included. The bound is loose on
+    // purpose: it tells a grant from one that waited out the replica timeout.
+    for client in [&first, &second] {
+        let asked = Instant::now();
+        let guard = client
+            .acquire("warm-up", &LockOptions::new())
+            .await
+            .unwrap();
+        let took = asked.elapsed();
+        assert!(
+            took < Duration::from_millis(500),
+            "an uncontended grant took {took:?}"
+        );
+        guard.release().await.unwrap();
+    }
+
+    // A fixed lease, long enough to outlast the failover: nothing but the failover
+    // can end these holds before the second client asks.
+    let held_through = LockOptions::new().lease(Duration::from_secs(60));
+    block_in_place(|| failover.cut_off_replica());
+    let asked = Instant::now();
+    let protected = first.acquire(key, &held_through).await;
+    let protected = match protected {
+        Err(LockError::Replication {
+            key: named,
+            acknowledged,
+            required,
+            ..
+        }) => {
+            assert_eq!(named, key);
+            assert_eq!((acknowledged, required), (0, 1));
+            None
+        }
+        Ok(guard) => Some(Believer::watch("first", guard, SystemTime::now())),
+        Err(error) => panic!(
+            "with the replica cut off, after {:?}: {error}",
+            asked.elapsed()
+        ),
+    };
+    let unprotected = opted_out
+        .acquire(control_key, &held_through.clone().spin(false))
+        .await
+        .expect("without replica sync, a grant needs no replica");
+    let unprotected = Believer::watch("opted out", unprotected, SystemTime::now());
+
+    block_in_place(|| failover.fail_over());
+    let (after, after_from) = acquire_after_failover(&second, key).await;
+    let (control_after, control_from) = acquire_after_failover(&second, control_key).await;
+
+    let history = History::new();
+    let control = History::new();
+    if let Some(believer) = protected {
+        history.record(believer.holding().await);
+    }
+    control.record(unprotected.holding().await);
+    let now = SystemTime::now();
+    for (ledger, guard, from) in [
+        (&history, &after, after_from),
+        (&control, &control_after, control_from),
+    ] {
+        ledger.record(Holding {
+            holder: "second".into(),
+            key: guard.key().to_owned(),
+            from,
+            until: now,
+            fence: None,
+        });
+    }
+    if let Err(violation) = history.check() {
+        panic!("two believed holders after the failover: {violation}");
+    }
+    assert!(
+        control.check().is_err(),
+        "the failover lost no unreplicated grant, so this test proves nothing"
+    );
+    after.release().await.unwrap();
+    control_after.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_never_leaves_two_believed_holders_after_a_failover() {
+    let group = SentinelGroup::start(Duration::from_secs(1));
+    no_two_believed_holders_after_a_failover(
+        Failover::Sentinel(Box::new(group)),
+        "payroll",
+        "invoices",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_never_leaves_two_believed_holders_after_a_failover() {
+    let cluster = RedisCluster::start();
+    let key = "payroll";
+    let slot = cluster.slot_of(key);
+    let shard = cluster.shard_for(slot);
+    // The control key on the same primary, so that one failover covers both.
+    let control_key = (0..)
+        .map(|n| format!("invoices-{n}"))
+        .find(|name| cluster.shard_for(cluster.slot_of(name)) == shard)
+        .expect("a name on the same primary");
+    let failover = Failover::Cluster {
+        cluster,
+        shard,
+        slot,
+    };
+    no_two_believed_holders_after_a_failover(failover, key, &control_key).await;
+}

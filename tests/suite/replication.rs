@@ -1,0 +1,253 @@
+//! Replica sync: a grant counts once a replica has it. With the replica cut off, a
+//! grant is given back and the caller learns why; a renewal the replica does not
+//! confirm extends nothing the holder counts on; many grants share one `WAIT`; and a
+//! primary without replicas pays nothing.
+
+use std::time::Duration;
+
+use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
+use lock_tests::RedisServer;
+use tokio::time::Instant;
+
+/// A primary and a replica in sync with it.
+fn primary_and_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start();
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    replica.wait_until_in_sync(Duration::from_secs(10));
+    // The primary counts a replica (`ROLE`) a moment after the replica is in sync.
+    let started = Instant::now();
+    while !primary_lists_a_replica(&primary) {
+        assert!(started.elapsed() < Duration::from_secs(10), "not listed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (primary, replica)
+}
+
+fn primary_lists_a_replica(primary: &RedisServer) -> bool {
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut primary.connection()).unwrap();
+    matches!(role.get(2), Some(redis::Value::Array(replicas)) if !replicas.is_empty())
+}
+
+/// Freezes the replica, so that nothing written from now on reaches it; the primary
+/// still counts it as connected, as in a partition it has not noticed yet. Then a
+/// `WAIT` on a connection that has written nothing answers 1 at once (on Valkey 9;
+/// Redis 7.0 counts a read-only script as a write), which the confirming round's
+/// write of the lock's expiry is there to prevent.
+fn freeze(replica: &RedisServer) {
+    replica.freeze();
+}
+
+/// Freezes the replica and makes the primary drop its link.
+fn cut_off(primary: &RedisServer, replica: &RedisServer) {
+    replica.freeze();
+    primary.drop_replica_links();
+}
+
+fn quick_to_give_up() -> ClientConfig {
+    ClientConfig::new().replica_timeout(Duration::from_millis(200))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_counts_only_once_the_replica_has_it() {
+    let (primary, replica) = primary_and_replica();
+    let client = LockClient::connect_with(&primary.url(), quick_to_give_up())
+        .await
+        .unwrap();
+    let guard = client
+        .acquire("invoice:7", &LockOptions::new())
+        .await
+        .unwrap();
+    let on_replica: Option<String> = redis::cmd("GET")
+        .arg("lock:{invoice:7}")
+        .query(&mut replica.connection())
+        .unwrap();
+    assert!(
+        on_replica.is_some(),
+        "the replica has the lock once granted"
+    );
+    assert!(
+        primary.calls("wait") >= 1,
+        "the grant waited for the replica"
+    );
+    guard.release().await.unwrap();
+
+    freeze(&replica);
+    let started = Instant::now();
+    let refused = client
+        .acquire("invoice:8", &LockOptions::new().retries(1))
+        .await
+        .expect_err("no replica confirms the grant");
+    let LockError::Replication {
+        key,
+        acknowledged,
+        required,
+        ..
+    } = &refused
+    else {
+        panic!("expected a replication error, got {refused:?}");
+    };
+    assert_eq!(
+        (key.as_str(), *acknowledged, *required),
+        ("invoice:8", 0, 1)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "two attempts of 200 ms each, not a hang: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        !client.is_locked("invoice:8").await.unwrap(),
+        "the unconfirmed grant was given back"
+    );
+    assert_eq!(refused.http_status(), 503);
+    assert!(refused.retry_after().is_some());
+    assert!(
+        !refused.http_body().contains("invoice"),
+        "the body leaks no key"
+    );
+
+    // Availability instead: another client that asks for no replica takes it.
+    let available = ClientConfig::new().replicas(0);
+    let other = LockClient::connect_with(&primary.url(), available)
+        .await
+        .unwrap();
+    let guard = other
+        .acquire("invoice:8", &LockOptions::new().spin(false))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    replica.thaw();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_fast_is_told_about_the_replica_not_that_the_lock_is_busy() {
+    let (primary, replica) = primary_and_replica();
+    let client = LockClient::connect_with(&primary.url(), quick_to_give_up())
+        .await
+        .unwrap();
+    cut_off(&primary, &replica);
+    let refused = client
+        .try_acquire("report", &LockOptions::new())
+        .await
+        .expect_err("not `None`: nobody else holds it");
+    assert!(
+        matches!(refused, LockError::Replication { .. }),
+        "{refused:?}"
+    );
+    replica.thaw();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_the_replica_does_not_confirm_extends_nothing() {
+    let (primary, replica) = primary_and_replica();
+    let client = LockClient::connect_with(&primary.url(), quick_to_give_up())
+        .await
+        .unwrap();
+    let lease = Duration::from_millis(900);
+    let guard = client
+        .acquire("ledger", &LockOptions::new().lease(lease).watchdog(true))
+        .await
+        .unwrap();
+    let granted_at = Instant::now();
+    cut_off(&primary, &replica);
+
+    let extended = guard.extend(Duration::from_secs(30)).await;
+    assert!(
+        matches!(extended, Err(LockError::Replication { .. })),
+        "{extended:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("the holder learns it lost the lock");
+    assert!(!guard.is_held());
+    assert!(
+        granted_at.elapsed() < lease + Duration::from_millis(300),
+        "the hold ended with the last confirmed lease, not a renewed one: {:?}",
+        granted_at.elapsed()
+    );
+    replica.thaw();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_that_arrive_together_share_one_wait() {
+    let (primary, _replica) = primary_and_replica();
+    let clients = [
+        LockClient::connect(&primary.url()).await.unwrap(),
+        LockClient::connect(&primary.url()).await.unwrap(),
+    ];
+    let sections = 20;
+    let mut tasks = Vec::new();
+    for task in 0..32 {
+        let client = clients[task % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            for section in 0..sections {
+                let key = format!("account:{task}:{section}");
+                let guard = client.acquire(&key, &LockOptions::new()).await.unwrap();
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let grants = 32 * sections;
+    let waits = primary.calls("wait");
+    assert!(waits > 0, "the grants waited for the replica");
+    assert!(
+        waits * 2 <= grants,
+        "{waits} WAITs for {grants} grants: they were not grouped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_without_replicas_pays_nothing() {
+    let primary = RedisServer::start();
+    let client = LockClient::connect(&primary.url()).await.unwrap();
+    let guard = client.acquire("solo", &LockOptions::new()).await.unwrap();
+    guard.extend(Duration::from_secs(5)).await.unwrap();
+    guard.release().await.unwrap();
+    assert_eq!(primary.calls("wait"), 0);
+    assert_eq!(primary.calls("pexpireat"), 0, "no confirmation round ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsync_waits_for_the_append_only_file_where_the_server_has_it() {
+    let primary = RedisServer::start_with(&["--appendonly", "yes"]);
+    let version: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut primary.connection())
+        .unwrap();
+    let has_waitaof = version
+        .lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .map(|version| {
+            let mut parts = version.trim().split('.').map(|part| part.parse::<u32>());
+            let (major, minor) = (parts.next(), parts.next());
+            matches!((major, minor), (Some(Ok(major)), Some(Ok(minor))) if (major, minor) >= (7, 2))
+        })
+        .unwrap_or(false);
+    let config = ClientConfig::new().fsync(true);
+    let connected = LockClient::connect_with(&primary.url(), config.clone()).await;
+    if has_waitaof {
+        let client = connected.expect("the server has WAITAOF and an append-only file");
+        let guard = client.acquire("payout", &LockOptions::new()).await.unwrap();
+        guard.release().await.unwrap();
+        assert!(
+            primary.calls("waitaof") >= 2,
+            "the connect check and the grant"
+        );
+    } else {
+        let refused = connected.expect_err("this server has no WAITAOF");
+        assert!(
+            matches!(&refused, LockError::InvalidOptions { reason, .. } if reason.contains("7.2")),
+            "{refused}"
+        );
+    }
+
+    let without_aof = RedisServer::start();
+    let refused = LockClient::connect_with(&without_aof.url(), config)
+        .await
+        .expect_err("no append-only file to wait for");
+    assert!(refused.to_string().contains("appendonly"), "{refused}");
+}
