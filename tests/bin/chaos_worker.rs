@@ -2,11 +2,14 @@
 //! few hot keys until the deadline, and print each section as
 //! `<key> <token> <asked ns> <from ns> <until ns> <held>`, times since the Unix
 //! epoch, `held` being `is_held()` at the section's end (read after `until`, so a
-//! yes covers it).
+//! yes covers it). A key given as `<key>=<ms>` is held that long in each section,
+//! past the lease, so that only the watchdog keeps it; its sections also print
+//! `enter <key>` as they begin. Other keys are held for 1 ms.
 //!
 //! Usage: `chaos-worker <keys,comma,separated> <tasks per key> <run ms> <topology>`,
 //! the topology being one of `redis <url>`, `cluster <url,url,..>`,
 //! `sentinel <sentinel url,url,..> <primary name>` or `redlock <url,url,..>`.
+//! `LOCK_CHAOS_REPLICAS=<n>` sets `ClientConfig::replicas` instead of its default.
 
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
 use tokio::time::Instant;
 
-const USAGE: &str = "usage: chaos-worker <keys> <tasks per key> <run ms> \
+const USAGE: &str = "usage: chaos-worker <key[=ms],..> <tasks per key> <run ms> \
                      (redis <url> | cluster <urls> | sentinel <urls> <primary name> | redlock <urls>)";
 
 fn nanos_now() -> u128 {
@@ -22,6 +25,10 @@ fn nanos_now() -> u128 {
         .duration_since(UNIX_EPOCH)
         .expect("a clock after 1970")
         .as_nanos()
+}
+
+fn say(line: &str) {
+    let _ = std::io::stdout().lock().write_all(line.as_bytes());
 }
 
 async fn connect(topology: &[String], config: ClientConfig) -> Result<LockClient, LockError> {
@@ -51,7 +58,10 @@ async fn main() {
     let deadline = Instant::now() + Duration::from_millis(run_ms.parse().expect("run ms"));
     // A short bound on calls, so that a frozen Redis gives errors and lost leases,
     // not stalls.
-    let config = ClientConfig::new().command_timeout(Duration::from_millis(200));
+    let mut config = ClientConfig::new().command_timeout(Duration::from_millis(200));
+    if let Ok(replicas) = std::env::var("LOCK_CHAOS_REPLICAS") {
+        config = config.replicas(replicas.parse().expect("LOCK_CHAOS_REPLICAS, a number"));
+    }
     // Started during the faults, a worker may find Redis frozen: it tries again.
     let client = loop {
         match connect(topology, config.clone()).await {
@@ -70,6 +80,10 @@ async fn main() {
         .timeout(Duration::from_secs(2));
     let mut workers = Vec::new();
     for key in keys.split(',') {
+        let (key, hold) = match key.split_once('=') {
+            Some((key, ms)) => (key, Some(Duration::from_millis(ms.parse().expect("ms")))),
+            None => (key, None),
+        };
         for _ in 0..tasks {
             let (client, options, key) = (client.clone(), options.clone(), key.to_owned());
             workers.push(tokio::spawn(async move {
@@ -79,13 +93,15 @@ async fn main() {
                         continue;
                     };
                     let from = nanos_now();
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    if hold.is_some() {
+                        say(&format!("enter {key}\n"));
+                    }
+                    tokio::time::sleep(hold.unwrap_or(Duration::from_millis(1))).await;
                     let until = nanos_now();
                     let held = guard.is_held();
                     let token = guard.fencing_token().expect("fencing was asked for");
                     let _ = guard.release().await;
-                    let line = format!("{key} {token} {asked} {from} {until} {held}\n");
-                    let _ = std::io::stdout().lock().write_all(line.as_bytes());
+                    say(&format!("{key} {token} {asked} {from} {until} {held}\n"));
                 }
             }));
         }

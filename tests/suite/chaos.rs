@@ -1,20 +1,30 @@
 //! Chaos: worker processes take fenced, watchdog-renewed locks on a few hot keys
-//! while the test pauses them (`SIGSTOP` past their lease), kills them and freezes
-//! Redis. No two sections whose holders still believed them held at their end
-//! overlap; per key, no token is issued twice and a section that ended before
-//! another asked for the lock has the smaller token, lost sections included; and
-//! every key makes progress once the faults stop.
+//! while the test injects faults. No two sections whose holders still believed them
+//! held at their end overlap; per key, no token is issued twice and a section that
+//! ended before another asked for the lock has the smaller token, lost sections
+//! included; the faults did make holders lose sections; and every key makes
+//! progress once the faults stop.
 //!
 //! It runs on every topology that crosses processes: one Redis, a 3+3 Cluster, a
 //! Sentinel group and Redlock over 5 masters (the memory store lives in one process,
-//! so it has no place here). Freezing Redis means: the server on one Redis; the
-//! primary serving the keys' slot on Cluster; the primary on Sentinel, for less than
-//! the Sentinels' down-after, since a failover may lose an unreplicated lock by design;
-//! a minority, 2 of 5, of the masters on Redlock.
+//! so it has no place here). The faults, one kind after another:
+//! - a worker is paused (`SIGSTOP`) past its lease, the holder of the slow key when
+//!   there is one, so that it comes back to a section others have taken since;
+//! - a worker is killed and another started;
+//! - on one Redis, Cluster and Redlock: Redis is frozen past the lease (the server;
+//!   the primary serving the keys' slot; a minority, 2 of 5, of the masters);
+//! - on Sentinel: the replica is cut off for a while and comes back; and the primary
+//!   fails over: the replica is cut off, so that grants made from then on exist on
+//!   the primary alone, the primary is killed, the Sentinels promote the replica,
+//!   and the old primary comes back as a replica. After each failover the test waits
+//!   until every key is held again.
 //!
 //! At least 10,000 sections by default on one Redis, 5,000 on Cluster and Sentinel,
-//! 2,000 on Redlock, and nine faults; `LOCK_CHAOS_SECTIONS=100000` runs more.
+//! 2,000 on Redlock; `LOCK_CHAOS_SECTIONS=100000` runs more, with faults until most
+//! of them are done (`scripts/chaos`). `LOCK_CHAOS_REPLICAS=0` turns the workers'
+//! replica sync off, to watch the Sentinel run fail.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -22,16 +32,25 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::history::{History, Holding};
 use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
+use tokio::task::block_in_place;
 use tokio::time::Instant;
 
 /// In one hash slot, so that freezing one Cluster primary freezes all of them.
-const KEYS: [&str; 3] = ["{chaos}:a", "{chaos}:b", "{chaos}:c"];
+const FAST_KEYS: [&str; 2] = ["{chaos}:a", "{chaos}:b"];
+/// Held for `SLOW_HOLD` in each section: past the 300 ms lease, so only the
+/// watchdog keeps it, and a fault that stops renewals loses it.
+const SLOW_KEY: &str = "{chaos}:slow";
+const SLOW_HOLD: Duration = Duration::from_millis(400);
 const WORKERS: usize = 4;
 const TASKS_PER_KEY: usize = 2;
 /// Longer than the workers' 300 ms lease, so a paused holder loses its lock.
 const FAULT: Duration = Duration::from_millis(600);
-/// The longest the test runs; the workers stop by themselves after it too.
-const AT_MOST: Duration = Duration::from_secs(150);
+/// How long grants exist on the primary alone before it is killed.
+const UNREPLICATED: Duration = Duration::from_millis(300);
+
+fn keys() -> impl Iterator<Item = &'static str> {
+    FAST_KEYS.into_iter().chain([SLOW_KEY])
+}
 
 /// One critical section as its worker reported it.
 #[derive(Debug, Clone)]
@@ -45,33 +64,76 @@ struct Section {
     held: bool,
 }
 
-type Sections = Arc<Mutex<Vec<Section>>>;
+/// What the workers reported: their sections, and who is inside the slow key.
+#[derive(Default)]
+struct Reports {
+    sections: Mutex<Vec<Section>>,
+    slow_holder: Mutex<Option<usize>>,
+}
+
+impl Reports {
+    fn count(&self) -> usize {
+        self.sections.lock().unwrap().len()
+    }
+
+    /// Whether every key has a section held to its end that began after `after`.
+    fn every_key_held_since(&self, after: SystemTime, at_least: impl Fn(&str) -> usize) -> bool {
+        let sections = self.sections.lock().unwrap();
+        keys().all(|key| {
+            let held = sections
+                .iter()
+                .filter(|s| s.key == key && s.held && s.from > after);
+            held.count() >= at_least(key)
+        })
+    }
+}
 
 struct Worker {
+    number: usize,
     child: Child,
 }
 
 impl Worker {
-    fn start(number: usize, topology: &[String], sections: &Sections) -> Worker {
+    fn start(
+        number: usize,
+        run_for: Duration,
+        topology: &[String],
+        reports: &Arc<Reports>,
+    ) -> Worker {
+        let keys = format!(
+            "{},{SLOW_KEY}={}",
+            FAST_KEYS.join(","),
+            SLOW_HOLD.as_millis()
+        );
         let mut child = Command::new(env!("CARGO_BIN_EXE_chaos-worker"))
             .args([
-                KEYS.join(","),
+                keys,
                 TASKS_PER_KEY.to_string(),
-                AT_MOST.as_millis().to_string(),
+                run_for.as_millis().to_string(),
             ])
             .args(topology)
             .stdout(Stdio::piped())
             .spawn()
             .expect("start a chaos worker");
         let stdout = child.stdout.take().expect("piped");
-        let sections = sections.clone();
+        let reports = reports.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with("enter ") {
+                    *reports.slow_holder.lock().unwrap() = Some(number);
+                    continue;
+                }
                 let section = parse(number, &line);
-                sections.lock().unwrap().push(section);
+                if section.key == SLOW_KEY {
+                    let mut holder = reports.slow_holder.lock().unwrap();
+                    if *holder == Some(number) {
+                        *holder = None;
+                    }
+                }
+                reports.sections.lock().unwrap().push(section);
             }
         });
-        Worker { child }
+        Worker { number, child }
     }
 
     fn signal(&self, signal: &str) {
@@ -112,7 +174,7 @@ fn parse(worker: usize, line: &str) -> Section {
 /// sections that ended before it asked for the lock, whether they kept their
 /// lease or not.
 fn check_token_order(sections: &[Section]) {
-    for key in KEYS {
+    for key in keys() {
         let mut by_end: Vec<&Section> = sections.iter().filter(|s| s.key == key).collect();
         by_end.sort_by_key(|section| section.until);
         let mut by_ask = by_end.clone();
@@ -142,15 +204,27 @@ fn check_token_order(sections: &[Section]) {
     }
 }
 
-fn count(sections: &Sections) -> usize {
-    sections.lock().unwrap().len()
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    PauseWorker,
+    RestartWorker,
+    FreezeRedis,
+    CutOffReplica,
+    FailOver,
+}
+
+/// A fault as injected: when it began and ended.
+struct Injected {
+    fault: Fault,
+    from: SystemTime,
+    until: SystemTime,
 }
 
 /// The servers of one topology, kept alive for the run.
 enum Servers {
     Redis(RedisServer),
     Cluster(RedisCluster),
-    Sentinel(SentinelGroup),
+    Sentinel(Box<SentinelGroup>),
     Redlock(Vec<RedisServer>),
 }
 
@@ -176,18 +250,53 @@ impl Servers {
         }
     }
 
+    /// The kinds of fault injected in turn, and how many rounds of them at least.
+    fn faults(&self) -> (&'static [Fault], usize) {
+        use Fault::*;
+        match self {
+            Servers::Sentinel(_) => (&[PauseWorker, RestartWorker, CutOffReplica, FailOver], 2),
+            _ => (&[PauseWorker, RestartWorker, FreezeRedis], 3),
+        }
+    }
+
+    /// A generous bound on the time one section takes under faults, to size the
+    /// run's time budget by.
+    fn section_cost(&self) -> Duration {
+        Duration::from_millis(match self {
+            Servers::Redis(_) | Servers::Cluster(_) => 6,
+            Servers::Sentinel(_) => 12,
+            Servers::Redlock(_) => 40,
+        })
+    }
+
+    /// Injects one of the faults on the servers, and returns once it is over.
+    fn inject(&mut self, fault: Fault) {
+        match (fault, self) {
+            (Fault::FreezeRedis, servers) => {
+                let frozen = servers.to_freeze();
+                frozen.iter().for_each(|server| server.freeze());
+                std::thread::sleep(FAULT);
+                frozen.iter().for_each(|server| server.thaw());
+            }
+            (Fault::CutOffReplica, Servers::Sentinel(group)) => {
+                group.cut_off_replica();
+                std::thread::sleep(FAULT);
+                group.reconnect_replica();
+            }
+            (Fault::FailOver, Servers::Sentinel(group)) => {
+                group.cut_off_replica();
+                std::thread::sleep(UNREPLICATED);
+                group.fail_over();
+            }
+            (fault, _) => panic!("{fault:?} is not a fault of the servers here"),
+        }
+    }
+
     /// The servers a Redis fault freezes.
     fn to_freeze(&self) -> Vec<&RedisServer> {
         match self {
             Servers::Redis(redis) => vec![redis],
-            Servers::Cluster(cluster) => {
-                let slot: u16 = redis::cmd("CLUSTER")
-                    .arg("KEYSLOT")
-                    .arg(KEYS[0])
-                    .query(&mut cluster.primaries()[0].connection())
-                    .expect("CLUSTER KEYSLOT");
-                vec![cluster.primary_for(slot)]
-            }
+            Servers::Cluster(cluster) => vec![cluster.primary_for(cluster.slot_of(SLOW_KEY))],
             Servers::Sentinel(group) => vec![&group.primary],
             Servers::Redlock(masters) => masters[..2].iter().collect(),
         }
@@ -205,10 +314,9 @@ async fn cluster_keeps_sections_apart_and_tokens_growing_under_faults() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_keeps_sections_apart_and_tokens_growing_under_faults() {
-    // Far above `FAULT`: a frozen primary is never failed over.
-    let group = SentinelGroup::start(Duration::from_secs(5));
-    run(Servers::Sentinel(group), 5_000).await;
+async fn sentinel_keeps_sections_apart_and_tokens_growing_through_failovers() {
+    let group = SentinelGroup::start(Duration::from_secs(1));
+    run(Servers::Sentinel(Box::new(group)), 5_000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,68 +325,77 @@ async fn redlock_keeps_sections_apart_and_tokens_growing_under_faults() {
     run(Servers::Redlock(masters), 2_000).await;
 }
 
-async fn run(servers: Servers, default_target: usize) {
+async fn run(mut servers: Servers, default_target: usize) {
     let target: usize = std::env::var("LOCK_CHAOS_SECTIONS")
         .ok()
         .and_then(|sections| sections.parse().ok())
         .unwrap_or(default_target);
+    // The workers stop by themselves after it too.
+    let budget = Duration::from_secs(60) + servers.section_cost() * target as u32;
     let started = Instant::now();
     let topology = servers.worker_args();
-    let frozen = servers.to_freeze();
-    let sections: Sections = Arc::default();
+    let reports = Arc::new(Reports::default());
     let mut workers: Vec<Worker> = (0..WORKERS)
-        .map(|number| Worker::start(number, &topology, &sections))
+        .map(|number| Worker::start(number, budget, &topology, &reports))
         .collect();
     let mut next_worker = WORKERS;
 
     // Faults, one kind after another, until most of the sections are done.
-    let mut faults = 0;
-    while faults < 9 || count(&sections) < target * 4 / 5 {
-        assert!(started.elapsed() < AT_MOST / 2, "too slow under faults");
-        let victim = faults % workers.len();
-        match faults % 3 {
-            0 => {
+    let (kinds, rounds) = servers.faults();
+    let mut injected: Vec<Injected> = Vec::new();
+    let mut recoveries: Vec<Duration> = Vec::new();
+    while injected.len() < kinds.len() * rounds || reports.count() < target * 4 / 5 {
+        assert!(started.elapsed() < budget / 2, "too slow under faults");
+        let fault = kinds[injected.len() % kinds.len()];
+        let victim = injected.len() % workers.len();
+        let from = SystemTime::now();
+        match fault {
+            Fault::PauseWorker => {
+                let slow_holder = *reports.slow_holder.lock().unwrap();
+                let victim = slow_holder
+                    .and_then(|number| workers.iter().position(|w| w.number == number))
+                    .unwrap_or(victim);
                 workers[victim].signal("-STOP");
                 tokio::time::sleep(FAULT).await;
                 workers[victim].signal("-CONT");
             }
-            1 => {
-                workers[victim] = Worker::start(next_worker, &topology, &sections);
+            Fault::RestartWorker => {
+                workers[victim] = Worker::start(next_worker, budget, &topology, &reports);
                 next_worker += 1;
             }
-            _ => {
-                frozen.iter().for_each(|server| server.freeze());
-                tokio::time::sleep(FAULT).await;
-                frozen.iter().for_each(|server| server.thaw());
-            }
+            fault => block_in_place(|| servers.inject(fault)),
         }
-        faults += 1;
+        let until = SystemTime::now();
+        injected.push(Injected { fault, from, until });
+        if fault == Fault::FailOver {
+            // Recovered: every key is held again, by grants the new primary's
+            // replica acknowledged.
+            let waiting = Instant::now();
+            while !reports.every_key_held_since(until, |_| 1) {
+                assert!(
+                    waiting.elapsed() < Duration::from_secs(30),
+                    "a key was not held again within 30 s of a failover"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            recoveries.push(waiting.elapsed());
+        }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let calm_from = SystemTime::now();
 
     // Progress: every key is held again, in sections that began after the faults.
-    loop {
-        let done = count(&sections) >= target
-            && KEYS.iter().all(|key| {
-                let sections = sections.lock().unwrap();
-                let after = sections
-                    .iter()
-                    .filter(|s| s.key == *key && s.held && s.from > calm_from);
-                after.count() >= 20
-            });
-        if done {
-            break;
-        }
+    let at_least = |key: &str| if key == SLOW_KEY { 3 } else { 20 };
+    while reports.count() < target || !reports.every_key_held_since(calm_from, at_least) {
         assert!(
-            started.elapsed() < AT_MOST,
+            started.elapsed() < budget,
             "a key made no progress after the faults"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(workers);
 
-    let sections = sections.lock().unwrap().clone();
+    let sections = reports.sections.lock().unwrap().clone();
     let history = History::new();
     for section in sections.iter().filter(|section| section.held) {
         history.record(Holding {
@@ -295,11 +412,94 @@ async fn run(servers: Servers, default_target: usize) {
     check_token_order(&sections);
     let lost = sections.len() - held;
     eprintln!(
-        "chaos {}: {} sections ({held} held to the end, {lost} lost), {faults} faults, {} workers, {:.1} s",
-        topology[0],
-        sections.len(),
-        next_worker,
-        started.elapsed().as_secs_f64()
+        "{}",
+        summary(
+            &topology[0],
+            &sections,
+            &injected,
+            &recoveries,
+            started.elapsed()
+        )
     );
     assert!(sections.len() >= target);
+    assert!(
+        lost > 0,
+        "no holder lost a section: the faults never hit a holder, so the run proves little"
+    );
+}
+
+/// The run in a few lines: sections held and lost by worker and key, the faults,
+/// and how long each failover took to recover from.
+fn summary(
+    topology: &str,
+    sections: &[Section],
+    injected: &[Injected],
+    recoveries: &[Duration],
+    took: Duration,
+) -> String {
+    let lost = sections.iter().filter(|s| !s.held).count();
+    let mut faults: BTreeMap<Fault, usize> = BTreeMap::new();
+    for fault in injected {
+        *faults.entry(fault.fault).or_default() += 1;
+    }
+    let faults: Vec<String> = faults
+        .iter()
+        .map(|(fault, times)| format!("{fault:?} {times}"))
+        .collect();
+    let lost_in_failovers = sections
+        .iter()
+        .filter(|s| {
+            !s.held
+                && injected
+                    .iter()
+                    .any(|f| f.fault == Fault::FailOver && s.from < f.until && s.until > f.from)
+        })
+        .count();
+    let mut text = format!(
+        "chaos {topology}: {} sections, {} held to the end, {lost} lost; faults: {}; \
+         violations: 0; {:.1} s",
+        sections.len(),
+        sections.len() - lost,
+        faults.join(", "),
+        took.as_secs_f64()
+    );
+    if !recoveries.is_empty() {
+        let recoveries: Vec<String> = recoveries
+            .iter()
+            .map(|took| format!("{:.1} s", took.as_secs_f64()))
+            .collect();
+        text.push_str(&format!(
+            "\n  failovers: {lost_in_failovers} sections lost across them; every key held \
+             again after {}",
+            recoveries.join(", ")
+        ));
+    }
+    // Worker by worker while that stays readable; long runs start many.
+    let workers = sections
+        .iter()
+        .map(|s| s.worker)
+        .max()
+        .map_or(0, |last| last + 1);
+    for key in keys() {
+        let mut by_worker: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+        for section in sections.iter().filter(|s| s.key == key) {
+            let counts = by_worker.entry(section.worker).or_default();
+            if section.held {
+                counts.0 += 1;
+            } else {
+                counts.1 += 1;
+            }
+        }
+        let (held, lost) = by_worker.values().fold((0, 0), |(held, lost), counts| {
+            (held + counts.0, lost + counts.1)
+        });
+        text.push_str(&format!("\n  {key}: {held} held, {lost} lost"));
+        if workers <= 12 {
+            text.push_str("; held/lost by worker:");
+            for (worker, (held, lost)) in by_worker {
+                text.push_str(&format!(" {worker}: {held}/{lost}"));
+            }
+        }
+    }
+    text
 }
