@@ -2,7 +2,9 @@
 //! rslock, on a redis-server of its own. `scripts/bench` runs it and it writes
 //! BENCHMARKS.md. See `--help`.
 
+mod chart;
 mod peers;
+mod replicas;
 mod report;
 mod scenarios;
 mod stats;
@@ -72,6 +74,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
         eprintln!("lock-bench: wrote {}", out.display());
+        let folder = out.parent().unwrap_or(std::path::Path::new(""));
+        match chart::write(&report, folder) {
+            Ok(charts) => {
+                for chart in charts {
+                    eprintln!("lock-bench: drew {}", chart.display());
+                }
+            }
+            Err(error) => {
+                eprintln!("lock-bench: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
     }
     if report.counters_exact() {
         ExitCode::SUCCESS
@@ -227,7 +241,8 @@ async fn bench(options: &Options) -> Report {
         participants.push((kind, connected));
     }
     let mut results = Vec::new();
-    for scenario in scenarios(options) {
+    let scenarios = scenarios(options);
+    for scenario in scenarios.iter().cloned() {
         let mut measured: Vec<Measured> = PeerKind::ALL.into_iter().map(Measured::new).collect();
         for round in 0..scenario.rounds {
             // A different implementation goes first each round, to spread drift.
@@ -294,13 +309,19 @@ async fn bench(options: &Options) -> Report {
             peers: measured,
         });
     }
+    let replica_sync = match options.peers.contains(&PeerKind::Library) {
+        true => replicas::replica_sync(&scenarios, options.raw_retry).await,
+        false => String::new(),
+    };
     Report {
         results,
+        replica_sync,
         raw_retry: options.raw_retry,
         redis_version: redis_version(&server),
         cores: std::thread::available_parallelism().map_or(0, usize::from),
         took: began.elapsed(),
         quick: options.quick,
+        charts: options.out.is_some(),
     }
 }
 

@@ -21,11 +21,15 @@ pub(crate) struct ScenarioResult {
 
 pub(crate) struct Report {
     pub(crate) results: Vec<ScenarioResult>,
+    /// The "Replica sync" section, written apart.
+    pub(crate) replica_sync: String,
     pub(crate) raw_retry: Duration,
     pub(crate) redis_version: String,
     pub(crate) cores: usize,
     pub(crate) took: Duration,
     pub(crate) quick: bool,
+    /// Whether the charts are drawn beside the report (in `chart::FOLDER`).
+    pub(crate) charts: bool,
 }
 
 impl Measured {
@@ -41,7 +45,7 @@ impl Measured {
         self.rounds.iter().map(RunResult::throughput).collect()
     }
 
-    fn median(&self) -> Option<f64> {
+    pub(crate) fn median(&self) -> Option<f64> {
         median(&self.throughputs())
     }
 
@@ -59,7 +63,7 @@ impl Measured {
     }
 
     /// Over every timed round.
-    fn waits(&self) -> Option<Waits> {
+    pub(crate) fn waits(&self) -> Option<Waits> {
         let samples: Vec<Duration> = self
             .rounds
             .iter()
@@ -158,7 +162,7 @@ impl Measured {
 }
 
 impl ScenarioResult {
-    fn peer(&self, kind: PeerKind) -> &Measured {
+    pub(crate) fn peer(&self, kind: PeerKind) -> &Measured {
         self.peers
             .iter()
             .find(|measured| measured.kind == kind)
@@ -210,7 +214,7 @@ impl Report {
             .find(|result| result.scenario.slug == slug)
     }
 
-    fn label(&self, kind: PeerKind) -> String {
+    pub(crate) fn label(&self, kind: PeerKind) -> String {
         kind.label(self.raw_retry)
     }
 
@@ -218,9 +222,11 @@ impl Report {
         let mut out = String::new();
         self.write_header(&mut out);
         self.write_table(&mut out);
+        self.write_charts(&mut out);
         self.write_hand_offs(&mut out);
         self.write_shares(&mut out);
         self.write_targets(&mut out);
+        out.push_str(&self.replica_sync);
         self.write_method(&mut out);
         self.write_breakdown(&mut out);
         self.write_rounds(&mut out);
@@ -422,6 +428,30 @@ impl Report {
              the rounds (on 2 shared cores, CPU is what throughput runs out of). Failures: acquires, sections or releases that returned an \
              error, over all rounds and the counting pass.\n",
             describe.join("; ")
+        );
+    }
+
+    /// The charts of the hot-key rows, drawn from the table's figures.
+    fn write_charts(&self, out: &mut String) {
+        let hot_rows = self.results.iter().any(|result| {
+            result.scenario.contention == Contention::HotKey && result.scenario.processes == 1
+        });
+        if !self.charts || !hot_rows {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "## Charts
+
+The hot-key rows above, in one process, drawn by `lock-bench` \
+             from the same rounds when it wrote this report (both axes logarithmic): \
+             sections per second (medians) against the number of tasks, then the waits' \
+             p50 and p99. The serial limit never waits, so it has no line in the second.\n\n\
+             ![Hot key: sections per second against tasks]({folder}/{throughput})\n\n\
+             ![Hot key: wait p50 and p99 against tasks]({folder}/{waits})\n",
+            folder = crate::chart::FOLDER,
+            throughput = crate::chart::THROUGHPUT,
+            waits = crate::chart::WAITS,
         );
     }
 

@@ -32,6 +32,10 @@
 //! # }
 //! ```
 //!
+//! For operators, [`LockInspector`] lists the held locks and shows each one's
+//! holders, queue and fencing counter (the `locks` command line prints them), and
+//! [`LockClient::force_unlock`] frees one that is stuck.
+//!
 //! A key's path through the crate reads one way down: [`LockClient`] (`client`),
 //! then `acquire` (re-entry, the local queue, the attempts), then `hold` (the
 //! guard, its lease and watchdog, the re-entry scope), then `queue` (the client's
@@ -41,10 +45,10 @@
 #![warn(missing_docs)]
 
 // The README's code blocks, compiled as doctests of this crate (`README.md` here is a
-// symlink to the workspace's, which `cargo package` copies). Blocks marked `ignore`
-// need what a doctest of this crate does not have: the attribute block needs axum and
-// serde, the shutdown block a whole server, the TLS block the `tls` feature.
-#[cfg(doctest)]
+// symlink to the workspace's, which `cargo package` copies). The attribute and
+// shutdown blocks need the `axum` feature, the TLS block the `tls` feature:
+// `cargo test -p lock-runtime --all-features --doc` (the workspace's tests enable both).
+#[cfg(all(doctest, feature = "axum", feature = "tls"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
@@ -61,6 +65,7 @@ pub mod history;
 mod hold;
 #[cfg(any(feature = "axum", feature = "actix"))]
 mod http;
+mod inspect;
 mod key;
 mod options;
 mod queue;
@@ -70,12 +75,13 @@ mod telemetry;
 #[doc(hidden)]
 pub use crate::backend::script_hashes as __script_hashes;
 pub use crate::client::{
-    ClientConfig, DEFAULT_HAND_OFF_WINDOW, DEFAULT_HAND_OFFS, LockClient, default_client,
-    set_default_client,
+    ClientConfig, DEFAULT_HAND_OFF_WINDOW, DEFAULT_HAND_OFFS, DEFAULT_REPLICA_TIMEOUT, LockClient,
+    default_client, set_default_client,
 };
 pub use crate::error::LockError;
 pub use crate::fencing::fenced_set;
 pub use crate::hold::LockGuard;
+pub use crate::inspect::{Holder, LockInspector, LockKind, LockState, Waiter};
 pub use crate::key::{LockKey, MAX_KEY_LEN};
 pub use crate::options::{
     DEFAULT_RETRIES, DEFAULT_RETRY_WAIT, LockOptions, MAX_LEASE, WATCHDOG_LEASE,
