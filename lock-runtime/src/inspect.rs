@@ -13,6 +13,7 @@ use redis::{
 
 use crate::backend::{Target, bounded};
 use crate::key::LockName;
+use crate::options::Kind;
 use crate::{ClientConfig, LockError};
 
 /// One read of a lock and its companions, on the server that holds them, against
@@ -411,18 +412,12 @@ fn millis(pttl: i64) -> Option<Duration> {
     u64::try_from(pttl).ok().map(Duration::from_millis)
 }
 
-/// What a token asks for, as `scripts/holders.lua` reads it: `<client>:<n>`,
-/// `<client>:<n>:shared` or `<client>:<n>:permits=<permits>`.
 fn kind_of(token: &str) -> LockKind {
-    if token.ends_with(":shared") {
-        return LockKind::Shared;
+    match Kind::of_token(token) {
+        Kind::Exclusive => LockKind::Exclusive,
+        Kind::Shared => LockKind::Shared,
+        Kind::Permit(permits) => LockKind::Semaphore { permits },
     }
-    token
-        .rsplit_once(":permits=")
-        .and_then(|(_, permits)| permits.parse().ok())
-        .map_or(LockKind::Exclusive, |permits| LockKind::Semaphore {
-            permits,
-        })
 }
 
 fn client_of(token: &str) -> String {

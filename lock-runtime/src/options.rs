@@ -358,6 +358,18 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
+    /// What a token asks for, as `backend/scripts/holders.lua` reads it: `<client>:<n>`
+    /// a lock, `<client>:<n>:shared`, or `<client>:<n>:permits=<permits>`.
+    pub(crate) fn of_token(token: &str) -> Kind {
+        if token.ends_with(":shared") {
+            return Kind::Shared;
+        }
+        token
+            .rsplit_once(":permits=")
+            .and_then(|(_, permits)| permits.parse().ok())
+            .map_or(Kind::Exclusive, Kind::Permit)
+    }
+
     /// Whether holds of the two kinds can be of one key: the same kind, or a lock
     /// and shared holders, which are one read-write lock. A semaphore mixes with
     /// nothing else, a semaphore of another size included.

@@ -6,6 +6,7 @@ mod behaviour;
 mod chaos;
 mod cluster;
 mod crash;
+mod everyday;
 mod failover;
 mod hand_off;
 mod http;

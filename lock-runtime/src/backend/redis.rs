@@ -1,9 +1,10 @@
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation};
+use redis::{ErrorKind, RedisError, Script, ScriptInvocation};
 use tokio::sync::OnceCell;
 
 use super::connection::{Connection, Target, bounded};
@@ -14,8 +15,18 @@ use crate::key::LockName;
 use crate::options::Kind;
 use crate::{ClientConfig, LockError, telemetry};
 
-/// A script that reads or changes a lock, after the functions that tell who holds it.
+/// A script that reads or changes a lock, after the functions that tell who holds it;
+/// a `head` before them answers the everyday case without defining them.
 macro_rules! lock_script {
+    ($head:literal, $file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!($head),
+                include_str!("scripts/holders.lua"),
+                include_str!($file)
+            ))
+        })
+    };
     ($file:literal) => {
         LazyLock::new(|| {
             Script::new(concat!(
@@ -27,9 +38,9 @@ macro_rules! lock_script {
 }
 
 static ACQUIRE: LazyLock<Script> = lock_script!("scripts/acquire.lua");
-static RELEASE: LazyLock<Script> = lock_script!("scripts/release.lua");
+static RELEASE: LazyLock<Script> = lock_script!("scripts/release_alone.lua", "scripts/release.lua");
 static FORCE_UNLOCK: LazyLock<Script> = lock_script!("scripts/force_unlock.lua");
-static RENEW: LazyLock<Script> = lock_script!("scripts/renew.lua");
+static RENEW: LazyLock<Script> = lock_script!("scripts/renew_alone.lua", "scripts/renew.lua");
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
 
@@ -56,6 +67,8 @@ pub(crate) struct RedisNode {
     /// The pub/sub connection, made when a task first has to wait.
     subscriber: OnceCell<Connection>,
     signals: Arc<Signals>,
+    /// Set once the server answered `SET … IFEQ` with a syntax error.
+    lacks_set_ifeq: AtomicBool,
 }
 
 impl RedisNode {
@@ -111,6 +124,7 @@ impl RedisNode {
             replication: None,
             subscriber: OnceCell::new(),
             signals,
+            lacks_set_ifeq: AtomicBool::new(false),
         }
     }
 
@@ -249,7 +263,12 @@ impl RedisNode {
         let mut invocation = RELEASE.key(&name.hash);
         invocation.key(&name.queue).arg(token);
         self.telling(&mut invocation, name, waiters);
-        let freed: u64 = self.invoke_idempotent(name, &invocation).await?;
+        let invocation = &invocation;
+        let freed: u64 = self
+            .idempotent(name, |mut connection| async move {
+                invocation.invoke_async(&mut connection).await
+            })
+            .await?;
         Ok(match freed {
             0 => Released::NotHeld,
             _ => Released::Freed,
@@ -313,11 +332,22 @@ impl RedisNode {
         token: &str,
         lease: Duration,
     ) -> Result<bool, LockError> {
-        let mut invocation = RENEW.key(&name.hash);
-        invocation.arg(token).arg(lease_ms(lease));
-        let renewed: i64 = self.invoke_idempotent(name, &invocation).await?;
-        let Some(replication) = self.replication.as_ref().filter(|_| renewed == 1) else {
-            return Ok(renewed == 1);
+        let renewed = match self.renew_natively(name, token, lease).await? {
+            Some(renewed) => renewed,
+            None => {
+                let mut invocation = RENEW.key(&name.hash);
+                invocation.arg(token).arg(lease_ms(lease));
+                let invocation = &invocation;
+                let renewed: i64 = self
+                    .idempotent(name, |mut connection| async move {
+                        invocation.invoke_async(&mut connection).await
+                    })
+                    .await?;
+                renewed == 1
+            }
+        };
+        let Some(replication) = self.replication.as_ref().filter(|_| renewed) else {
+            return Ok(renewed);
         };
         let confirmed = replication.confirm(name, token).await;
         match confirmed.map_err(|source| LockError::backend(&name.key, source))? {
@@ -334,11 +364,54 @@ impl RedisNode {
         }
     }
 
+    /// Renews a lock held alone with one `SET … IFEQ` (Valkey 8.1, Redis 8.4), no
+    /// script. `None` for holders that share the key (no string to compare), and on a
+    /// server without it, which the first renewal finds out and then none asks again.
+    async fn renew_natively(
+        &self,
+        name: &LockName,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Option<bool>, LockError> {
+        if self.lacks_set_ifeq.load(Ordering::Relaxed) || Kind::of_token(token) != Kind::Exclusive {
+            return Ok(None);
+        }
+        let mut set = redis::cmd("SET");
+        set.arg(&name.hash)
+            .arg(token)
+            .arg("IFEQ")
+            .arg(token)
+            .arg("PX")
+            .arg(lease_ms(lease));
+        let set = &set;
+        let answer = self
+            .idempotent(name, |mut connection| async move {
+                set.query_async::<Option<redis::Value>>(&mut connection)
+                    .await
+            })
+            .await;
+        match answer {
+            Ok(answer) => Ok(Some(answer.is_some())),
+            Err(LockError::Backend { source, .. }) if is_syntax_error(&source) => {
+                self.lacks_set_ifeq.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(LockError::Backend { source, .. }) if source.code() == Some("WRONGTYPE") => {
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
     /// Raises the lock's fencing counter to at least `floor`; returns the counter.
     pub(crate) async fn raise_fence(&self, name: &LockName, floor: u64) -> Result<u64, LockError> {
         let mut invocation = RAISE_FENCE.key(&name.fence);
         invocation.arg(floor);
-        self.invoke_idempotent(name, &invocation).await
+        let invocation = &invocation;
+        self.idempotent(name, |mut connection| async move {
+            invocation.invoke_async(&mut connection).await
+        })
+        .await
     }
 
     pub(crate) async fn listen(&self, name: &LockName, channel: &str) -> Result<(), LockError> {
@@ -361,19 +434,20 @@ impl RedisNode {
         }
     }
 
-    /// For scripts that may safely run twice: a connection found dropped (Redis
+    /// For requests that may safely run twice: a connection found dropped (Redis
     /// restarted, say) is retried once on the reconnected one.
-    async fn invoke_idempotent<T: FromRedisValue>(
+    async fn idempotent<T, F>(
         &self,
         name: &LockName,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<T, LockError> {
+        call: impl Fn(Connection) -> F,
+    ) -> Result<T, LockError>
+    where
+        F: Future<Output = redis::RedisResult<T>>,
+    {
         let limit = self.config.command_timeout;
-        let mut connection = self.connection.clone();
-        match bounded(limit, invocation.invoke_async(&mut connection)).await {
+        match bounded(limit, call(self.connection.clone())).await {
             Err(error) if error.is_connection_dropped() => {
-                let mut connection = self.connection.clone();
-                bounded(limit, invocation.invoke_async(&mut connection)).await
+                bounded(limit, call(self.connection.clone())).await
             }
             answer => answer,
         }
@@ -389,6 +463,14 @@ impl RedisNode {
             .await
             .map_err(|source| LockError::backend(&name.key, source))
     }
+}
+
+/// What a server without an optional argument answers.
+fn is_syntax_error(error: &RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|detail| detail.contains("syntax"))
 }
 
 /// Locks are keys with a lease, which every eviction policy but `noeviction` may
