@@ -264,7 +264,7 @@ impl Servers {
     fn section_cost(&self) -> Duration {
         Duration::from_millis(match self {
             Servers::Redis(_) | Servers::Cluster(_) => 6,
-            Servers::Sentinel(_) => 12,
+            Servers::Sentinel(_) => 20,
             Servers::Redlock(_) => 40,
         })
     }

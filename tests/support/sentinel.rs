@@ -153,62 +153,82 @@ impl SentinelGroup {
     }
 
     /// Waits until the replica is in sync and every Sentinel knows it, up, and the
-    /// other Sentinels.
+    /// other Sentinels. Sentinels read a replica's state every 10 s, so on a loaded
+    /// machine this can take most of a minute.
     fn wait_until_watching(&self) {
         let started = Instant::now();
         loop {
-            let ready = self.sentinels.iter().all(|sentinel| {
-                let mut connection = sentinel.connection();
-                let primary: Vec<(String, String)> = redis::cmd("SENTINEL")
-                    .arg("MASTER")
-                    .arg(self.name)
-                    .query::<Vec<String>>(&mut connection)
-                    .map(|fields| {
-                        fields
-                            .chunks(2)
-                            .map(|pair| (pair[0].clone(), pair[1].clone()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let field = |name: &str| {
-                    primary
-                        .iter()
-                        .find(|(key, _)| key == name)
-                        .map(|(_, value)| value.clone())
-                        .unwrap_or_default()
-                };
-                let replica_up = redis::cmd("SENTINEL")
-                    .arg("REPLICAS")
-                    .arg(self.name)
-                    .query::<Vec<Vec<String>>>(&mut connection)
-                    .is_ok_and(|replicas| {
-                        replicas.iter().any(|fields| {
-                            let field = |name: &str| {
-                                fields
-                                    .chunks(2)
-                                    .find(|pair| pair[0] == name)
-                                    .map(|pair| pair[1].as_str())
-                            };
-                            field("port") == Some(&self.replica.port().to_string())
-                                && field("flags") == Some("slave")
-                                && field("master-port") == Some(&self.primary.port().to_string())
-                        })
-                    });
-                field("num-slaves") == "1" && field("num-other-sentinels") == "2" && replica_up
-            });
+            let views: Vec<SentinelView> = self
+                .sentinels
+                .iter()
+                .map(|sentinel| self.view_of(sentinel))
+                .collect();
             let synced: String = redis::cmd("INFO")
                 .arg("replication")
                 .query(&mut self.replica.connection())
                 .expect("INFO replication");
-            if ready && synced.contains("master_link_status:up") {
+            let linked = synced.contains("master_link_status:up");
+            if linked && views.iter().all(SentinelView::ready) {
                 return;
             }
             assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the Sentinels did not settle"
+                started.elapsed() < Duration::from_secs(60),
+                "the Sentinels did not settle within 60 s: replica linked {linked}, \
+                 Sentinels saw {views:?}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// What `sentinel` knows of this group.
+    fn view_of(&self, sentinel: &RedisServer) -> SentinelView {
+        let mut connection = sentinel.connection();
+        let primary: Vec<String> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(self.name)
+            .query(&mut connection)
+            .unwrap_or_default();
+        let field = |fields: &[String], name: &str| {
+            fields
+                .chunks(2)
+                .find(|pair| pair[0] == name)
+                .map(|pair| pair[1].clone())
+                .unwrap_or_default()
+        };
+        let replicas: Vec<Vec<String>> = redis::cmd("SENTINEL")
+            .arg("REPLICAS")
+            .arg(self.name)
+            .query(&mut connection)
+            .unwrap_or_default();
+        let replica = replicas
+            .iter()
+            .find(|fields| field(fields, "port") == self.replica.port().to_string());
+        SentinelView {
+            replicas: field(&primary, "num-slaves"),
+            other_sentinels: field(&primary, "num-other-sentinels"),
+            replica_flags: replica.map(|fields| field(fields, "flags")),
+            replica_of: replica.map(|fields| field(fields, "master-port")),
+            primary_port: self.primary.port().to_string(),
+        }
+    }
+}
+
+/// One Sentinel's view of the group, as `wait_until_watching` reads it.
+#[derive(Debug)]
+struct SentinelView {
+    replicas: String,
+    other_sentinels: String,
+    replica_flags: Option<String>,
+    replica_of: Option<String>,
+    primary_port: String,
+}
+
+impl SentinelView {
+    fn ready(&self) -> bool {
+        self.replicas == "1"
+            && self.other_sentinels == "2"
+            && self.replica_flags.as_deref() == Some("slave")
+            && self.replica_of.as_ref() == Some(&self.primary_port)
     }
 }
 
