@@ -120,7 +120,10 @@ impl Acquirer {
             },
             None => turn,
         };
-        let grant = attempts::until_granted(self, name, turn, plan, started, deadline).await?;
+        // Boxed: the waiting loop's state is most of an acquire's, and would be
+        // copied with the acquire's future at every step of its way in.
+        let asking = attempts::until_granted(self, name, turn, plan, started, deadline);
+        let grant = Box::pin(asking).await?;
         Ok(self.holds.start(grant, plan))
     }
 
