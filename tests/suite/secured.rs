@@ -17,7 +17,7 @@ use crate::attribute::Overlap;
 /// `ACL SETUSER locks on >password`: its keys and channels, and its commands.
 const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
 +select +client|setinfo +role \
-+set +get +del +exists +pexpire +pttl +incr +time +type \
++set +get +del +pexpire +pttl +incr +time +type \
 +pexpireat +pexpiretime \
 +zadd +zrem +zrange +zcard +zscore +zremrangebyscore \
 +evalsha +script|load +wait +waitaof \
