@@ -67,8 +67,9 @@ pub(crate) struct RedisNode {
     /// The pub/sub connection, made when a task first has to wait.
     subscriber: OnceCell<Connection>,
     signals: Arc<Signals>,
-    /// Set once the server answered `SET … IFEQ` with a syntax error.
-    lacks_set_ifeq: AtomicBool,
+    /// Whether the server takes `SET … IFEQ`, as found at connect; cleared should a
+    /// server of a Cluster turn out not to.
+    has_set_ifeq: AtomicBool,
 }
 
 impl RedisNode {
@@ -93,8 +94,10 @@ impl RedisNode {
             warn_if_locks_may_be_evicted(&mut connection, config.command_timeout).await;
         }
         let replication = Replication::connect(&target, &mut connection, config).await?;
+        let has_set_ifeq = has_set_ifeq(&mut connection, config.command_timeout).await;
         let mut node = Self::with_connection(target, connection, config, signals);
         node.replication = replication;
+        node.has_set_ifeq = AtomicBool::new(has_set_ifeq);
         Ok(node)
     }
 
@@ -124,7 +127,7 @@ impl RedisNode {
             replication: None,
             subscriber: OnceCell::new(),
             signals,
-            lacks_set_ifeq: AtomicBool::new(false),
+            has_set_ifeq: AtomicBool::new(false),
         }
     }
 
@@ -366,14 +369,14 @@ impl RedisNode {
 
     /// Renews a lock held alone with one `SET … IFEQ` (Valkey 8.1, Redis 8.4), no
     /// script. `None` for holders that share the key (no string to compare), and on a
-    /// server without it, which the first renewal finds out and then none asks again.
+    /// server without it.
     async fn renew_natively(
         &self,
         name: &LockName,
         token: &str,
         lease: Duration,
     ) -> Result<Option<bool>, LockError> {
-        if self.lacks_set_ifeq.load(Ordering::Relaxed) || Kind::of_token(token) != Kind::Exclusive {
+        if !self.has_set_ifeq.load(Ordering::Relaxed) || Kind::of_token(token) != Kind::Exclusive {
             return Ok(None);
         }
         let mut set = redis::cmd("SET");
@@ -393,7 +396,7 @@ impl RedisNode {
         match answer {
             Ok(answer) => Ok(Some(answer.is_some())),
             Err(LockError::Backend { source, .. }) if is_syntax_error(&source) => {
-                self.lacks_set_ifeq.store(true, Ordering::Relaxed);
+                self.has_set_ifeq.store(false, Ordering::Relaxed);
                 Ok(None)
             }
             Err(LockError::Backend { source, .. }) if source.code() == Some("WRONGTYPE") => {
@@ -463,6 +466,22 @@ impl RedisNode {
             .await
             .map_err(|source| LockError::backend(&name.key, source))
     }
+}
+
+/// Whether the server takes `SET … IFEQ`: asked of a key of the locks' namespace that
+/// no lock has (a token never is `probe`), and written by nobody, since the value
+/// compared is the value set and `KEEPTTL` keeps its expiry. A server without it
+/// answers with a syntax error, which no `ACL LOG` records.
+async fn has_set_ifeq(connection: &mut Connection, limit: Duration) -> bool {
+    let mut probe = redis::cmd("SET");
+    probe
+        .arg("lock:{probe}")
+        .arg("probe")
+        .arg("IFEQ")
+        .arg("probe")
+        .arg("KEEPTTL");
+    let answer = bounded(limit, probe.query_async::<Option<redis::Value>>(connection)).await;
+    answer.is_ok()
 }
 
 /// What a server without an optional argument answers.
