@@ -148,3 +148,117 @@ async fn a_guard_that_handed_its_lock_on_holds_nothing() {
         "the last holder released it to Redis"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_lease_is_handed_on_and_renewed_to_each_takers_lease() {
+    let redis = RedisServer::start();
+    let client = client_with(&redis, 32, Duration::from_secs(10)).await;
+    let lease = Duration::from_millis(1500);
+    let options = LockOptions::new().lease(lease).fencing(true);
+    let first = client.acquire("press", &options).await.unwrap();
+    let first_token = first.fencing_token().unwrap();
+    let calls = redis.lock_calls();
+    let history = Arc::new(History::new());
+    let mut waiting = Vec::new();
+    for task in 0..5 {
+        let (client, options, history) = (client.clone(), options.clone(), history.clone());
+        waiting.push(tokio::spawn(async move {
+            let guard = client.acquire("press", &options).await.unwrap();
+            let from = SystemTime::now();
+            let left = client.lease_left("press").await.unwrap().unwrap();
+            history.record_guard(format!("task {task}"), &guard, from);
+            guard.release().await.unwrap();
+            left
+        }));
+    }
+    // Long enough that a lease handed on as it was left would be half gone.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    first.release().await.unwrap();
+    for task in waiting {
+        let left = task.await.unwrap();
+        assert!(
+            left > lease - Duration::from_millis(400),
+            "a taker held what the task before left, {left:?}, not its own lease"
+        );
+    }
+    assert_eq!(
+        history.check(),
+        Ok(5),
+        "holders overlapped or tokens went back"
+    );
+    // One renewal per take-over and one release. Acquiring each in Redis would cost
+    // a fenced acquire (2) and a release per section.
+    assert_eq!(
+        redis.lock_calls() - calls,
+        5 + 1,
+        "requests for five sections"
+    );
+    let next = client.acquire("press", &options).await.unwrap();
+    assert!(next.fencing_token().unwrap() > first_token + 5);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_handing_fixed_leases_on_never_overlap() {
+    let redis = RedisServer::start();
+    let options = LockOptions::new()
+        .lease(Duration::from_secs(5))
+        .fencing(true);
+    let history = Arc::new(History::new());
+    let mut tasks = Vec::new();
+    for number in 0..2 {
+        let client = client_with(&redis, 32, Duration::from_secs(10)).await;
+        for task in 0..16 {
+            let (client, options, history) = (client.clone(), options.clone(), history.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    let guard = client.acquire("press", &options).await.unwrap();
+                    let from = SystemTime::now();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    history.record_guard(format!("client {number} task {task}"), &guard, from);
+                    guard.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(history.check(), Ok(2 * 16 * 5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taker_that_finds_the_fixed_lease_gone_asks_redis_and_never_runs_unlocked() {
+    let redis = RedisServer::start();
+    let client = client_with(&redis, 32, Duration::from_secs(10)).await;
+    let other = LockClient::connect(&redis.url()).await.unwrap();
+    let options = LockOptions::new().lease(Duration::from_secs(5));
+    let first = client.acquire("press", &options).await.unwrap();
+    let next = tokio::spawn({
+        let (client, options) = (client.clone(), options.clone());
+        async move { client.acquire("press", &options).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The lock is gone behind the holder's back, as an expiry or an operator would.
+    let () = redis::cmd("DEL")
+        .arg("lock:{press}")
+        .query(&mut redis.connection())
+        .unwrap();
+    first.release().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+    assert!(next.is_held());
+    let holder: Option<String> = redis::cmd("GET")
+        .arg("lock:{press}")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(holder.is_some(), "the taker runs with no lock in Redis");
+    assert!(
+        other
+            .try_acquire("press", &options)
+            .await
+            .unwrap()
+            .is_none(),
+        "another client got the lock the taker holds"
+    );
+    next.release().await.unwrap();
+}

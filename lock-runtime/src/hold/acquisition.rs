@@ -94,29 +94,40 @@ impl Acquisition {
         self.fence(0)
     }
 
-    /// Takes it over from the hold before, during `turn`, if `plan` asks for nothing
-    /// it cannot give: it must renew a lease of the same length with no cap, and
-    /// carry a fencing counter if a token is asked for. Returns the new hold's token.
-    pub(super) fn take_over(
-        &self,
-        turn: ClientTurn,
-        plan: &Plan,
-    ) -> Result<Option<u64>, ClientTurn> {
-        let fits = self.lease.is_valid()
+    /// Whether the hold before can be taken over by a task that asks for `plan`: it
+    /// asks for nothing the hold cannot give. A watchdog lease must be renewed at the
+    /// same length; a fixed lease is renewed to the taker's own length as it takes
+    /// over (see `renewed_for`). No cap, and a fencing counter if a token is asked for.
+    pub(super) fn fits(&self, plan: &Plan) -> bool {
+        let same_lease = match self.watchdog_lease {
+            Some(lease) => plan.watchdog && plan.lease == lease,
+            None => !plan.watchdog,
+        };
+        self.lease.is_valid()
             && self.kind == plan.kind
-            && plan.watchdog
-            && self.watchdog_lease == Some(plan.lease)
+            && same_lease
             && plan.max_hold.is_none()
             && self.max_hold.is_none()
             && plan.hold_at_least.is_none()
             && self.hold_until.is_none()
-            && (!plan.fencing || self.counter.is_some());
-        if !fits {
-            return Err(turn);
+            && (!plan.fencing || self.counter.is_some())
+    }
+
+    /// Gives a fixed lease the full length `plan` asks for, from now, with one
+    /// token-scoped renewal: the task that takes it over holds what it asked for,
+    /// not what the task before it left. A watchdog lease needs nothing.
+    pub(super) async fn renewed_for(self: &Arc<Self>, plan: &Plan) -> Result<(), LockError> {
+        match self.watchdog_lease {
+            Some(_) => Ok(()),
+            None => self.extend(plan.lease).await,
         }
+    }
+
+    /// Takes it over from the hold before, during `turn`; returns the new hold's token.
+    pub(super) fn take_over(&self, turn: ClientTurn) -> Option<u64> {
         *self.turn() = Some(turn);
         let handed_on = self.handed_on.load(Ordering::Relaxed);
-        Ok(self.fence(handed_on))
+        self.fence(handed_on)
     }
 
     /// The lease is gone for good: the client's next task in line may go to Redis.
@@ -231,7 +242,6 @@ impl Acquisition {
             && self.kind != Kind::Shared
             && handed_on < u32::from(most)
             && self.acquired_at.elapsed() < within
-            && self.watchdog_lease.is_some()
             && self.hold_until.is_none()
             && self.lease.is_valid()
     }

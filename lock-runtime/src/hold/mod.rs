@@ -88,21 +88,22 @@ impl Holds {
         LockGuard::owner(Hold::new(acquisition, fence))
     }
 
-    /// Takes over what the last turn handed on, if it fits `plan`. Otherwise it is
-    /// released to Redis, and `turn` comes back to ask Redis itself.
+    /// Takes over what the last turn handed on, if it fits `plan` and, with a fixed
+    /// lease, its renewal to the taker's lease is confirmed. Otherwise it is released
+    /// to Redis, and `turn` comes back to ask Redis itself. Dropped meanwhile, the
+    /// turn goes to the next task and the acquisition is released.
     pub(crate) async fn take_over(
         &self,
         handed: Arc<Acquisition>,
         turn: ClientTurn,
         plan: &Plan,
     ) -> Result<LockGuard, ClientTurn> {
-        match handed.take_over(turn, plan) {
-            Ok(fence) => Ok(LockGuard::owner(Hold::new(handed, fence))),
-            Err(turn) => {
-                let _ = handed.release(None).await;
-                Err(turn)
-            }
+        if handed.fits(plan) && handed.renewed_for(plan).await.is_ok() {
+            let fence = handed.take_over(turn);
+            return Ok(LockGuard::owner(Hold::new(handed, fence)));
         }
+        let _ = handed.release(None).await;
+        Err(turn)
     }
 
     /// Waits for the background releases and cleanups of this client's store.
