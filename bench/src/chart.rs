@@ -169,7 +169,9 @@ fn plot(area: &Area<'_>, title: &str, unit: &str, lines: &[Line]) -> Drawn {
 fn color(kind: PeerKind) -> RGBColor {
     match kind {
         PeerKind::Library => RGBColor(200, 30, 45),
+        PeerKind::LibraryFixed => RGBColor(240, 110, 120),
         PeerKind::Raw => RGBColor(40, 90, 200),
+        PeerKind::RawCareful => RGBColor(110, 160, 240),
         PeerKind::RslockDefault => RGBColor(30, 140, 70),
         PeerKind::RslockFast => RGBColor(230, 140, 20),
         PeerKind::SerialLimit => RGBColor(90, 90, 90),

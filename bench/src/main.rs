@@ -35,8 +35,10 @@ usage: lock-bench [--out PATH] [--quick] [--rounds N] [--raw-retry-ms MS] [--onl
   --raw-retry-ms MS  the raw protocol's sleep between tries (default 10)
   --only SLUGS       run only these scenarios: uncontended-1, uncontended-64, hot-16,
                      hot-256, hot-1000, processes-4x64
-  --peers IDS        run only these implementations: library, raw, rslock, rslock-fast,
-                     serial (no lock: the hot-key section by one task, the ceiling)
+  --peers IDS        run only these implementations: library, library-fixed (a fixed
+                     10 s lease, no watchdog), raw, raw-careful (one connection, no
+                     timeout, uuid tokens), rslock, rslock-fast, serial (no lock: the
+                     hot-key section by one task, the ceiling)
 ";
 
 struct Options {

@@ -6,12 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockGuard, LockOptions};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{Client, Script};
 use rslock::LockManager;
 
 /// The lease every implementation takes, so none expires during a run.
 pub(crate) const LEASE: Duration = Duration::from_secs(30);
+/// The fixed lease of the pair the everyday path is measured by (issue 19): ours with
+/// no watchdog against the careful raw protocol.
+const FIXED_LEASE: Duration = Duration::from_secs(10);
 /// The longest any acquire may wait before the bench counts it as failed.
 pub(crate) const ACQUIRE_CAP: Duration = Duration::from_secs(120);
 /// rslock's attempts per `lock` call: high enough never to run out within the cap.
@@ -62,7 +65,13 @@ pub(crate) fn script_name(sha1: &str) -> Option<&'static str> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PeerKind {
     Library,
+    /// Ours with a fixed lease and no watchdog.
+    LibraryFixed,
     Raw,
+    /// What a careful user writes by hand: one multiplexed connection with no
+    /// response timeout, a uuid v4 token, `SET NX PX` and `EVALSHA` of the
+    /// compare-and-delete.
+    RawCareful,
     RslockDefault,
     RslockFast,
     /// No lock at all: the hot-key section run back to back by one task, the
@@ -71,9 +80,11 @@ pub(crate) enum PeerKind {
 }
 
 impl PeerKind {
-    pub(crate) const ALL: [PeerKind; 5] = [
+    pub(crate) const ALL: [PeerKind; 7] = [
         PeerKind::Library,
+        PeerKind::LibraryFixed,
         PeerKind::Raw,
+        PeerKind::RawCareful,
         PeerKind::RslockDefault,
         PeerKind::RslockFast,
         PeerKind::SerialLimit,
@@ -83,7 +94,9 @@ impl PeerKind {
     pub(crate) fn id(self) -> &'static str {
         match self {
             PeerKind::Library => "library",
+            PeerKind::LibraryFixed => "library-fixed",
             PeerKind::Raw => "raw",
+            PeerKind::RawCareful => "raw-careful",
             PeerKind::RslockDefault => "rslock",
             PeerKind::RslockFast => "rslock-fast",
             PeerKind::SerialLimit => "serial",
@@ -97,7 +110,15 @@ impl PeerKind {
     pub(crate) fn label(self, raw_retry: Duration) -> String {
         match self {
             PeerKind::Library => "lock-runtime".to_owned(),
+            PeerKind::LibraryFixed => format!(
+                "lock-runtime, fixed {} s lease, no watchdog",
+                FIXED_LEASE.as_secs()
+            ),
             PeerKind::Raw => format!("raw SET NX + script, {} ms sleep", raw_retry.as_millis()),
+            PeerKind::RawCareful => format!(
+                "raw, careful: one connection, no timeout, {} ms sleep",
+                raw_retry.as_millis()
+            ),
             PeerKind::RslockDefault => format!(
                 "rslock, default {} ms delay",
                 RSLOCK_DEFAULT_DELAY.as_millis()
@@ -119,6 +140,10 @@ pub(crate) enum Peer {
     Raw {
         connection: ConnectionManager,
         release: Script,
+        retry: Duration,
+    },
+    RawCareful {
+        connection: MultiplexedConnection,
         retry: Duration,
     },
     Rslock {
@@ -148,6 +173,26 @@ impl Peer {
                 // `retry_wait` stays at its 50 ms default.
                 let options = LockOptions::new().timeout(ACQUIRE_CAP);
                 Ok(Peer::Library { client, options })
+            }
+            PeerKind::LibraryFixed => {
+                let client = LockClient::connect(url).await.map_err(|e| e.to_string())?;
+                let options = LockOptions::new().lease(FIXED_LEASE).timeout(ACQUIRE_CAP);
+                Ok(Peer::Library { client, options })
+            }
+            PeerKind::RawCareful => {
+                let client = Client::open(url).map_err(|e| e.to_string())?;
+                let mut connection = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                COMPARE_AND_DELETE_SCRIPT
+                    .load_async(&mut connection)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Peer::RawCareful {
+                    connection,
+                    retry: raw_retry,
+                })
             }
             PeerKind::Raw => {
                 let client = Client::open(url).map_err(|e| e.to_string())?;
@@ -213,6 +258,31 @@ impl Peer {
                     token,
                 })
             }
+            Peer::RawCareful { connection, retry } => {
+                let token = uuid::Uuid::new_v4().to_string();
+                let attempts = async {
+                    loop {
+                        let set: Option<String> = redis::cmd("SET")
+                            .arg(key)
+                            .arg(&token)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(FIXED_LEASE.as_millis() as u64)
+                            .query_async(&mut connection.clone())
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if set.is_some() {
+                            return Ok(());
+                        }
+                        tokio::time::sleep(*retry).await;
+                    }
+                };
+                capped(attempts).await?;
+                Ok(Held::Raw {
+                    key: key.to_owned(),
+                    token,
+                })
+            }
             Peer::Rslock { manager } => {
                 let lock = capped(async {
                     manager
@@ -241,6 +311,19 @@ impl Peer {
                 Held::Raw { key, token },
             ) => {
                 let deleted: i64 = release
+                    .key(&key)
+                    .arg(&token)
+                    .invoke_async(&mut connection.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if deleted == 1 {
+                    Ok(())
+                } else {
+                    Err(format!("{key} was no longer held at release"))
+                }
+            }
+            (Peer::RawCareful { connection, .. }, Held::Raw { key, token }) => {
+                let deleted: i64 = COMPARE_AND_DELETE_SCRIPT
                     .key(&key)
                     .arg(&token)
                     .invoke_async(&mut connection.clone())
