@@ -119,14 +119,12 @@ impl<H> Place<H> {
         self.started(turns.expect("a line's turns are never closed"))
     }
 
-    /// The turn, if it is this place's at once.
-    pub(crate) fn try_turn(self) -> Option<Turn<H>> {
-        let turns = self
-            .turns
-            .clone()
-            .try_acquire_many_owned(self.weight)
-            .ok()?;
-        Some(self.started(turns))
+    /// The turn, if it is this place's at once; else the place, still in line.
+    pub(crate) fn try_turn(self) -> Result<Turn<H>, Place<H>> {
+        match self.turns.clone().try_acquire_many_owned(self.weight) {
+            Ok(turns) => Ok(self.started(turns)),
+            Err(_) => Err(self),
+        }
     }
 
     fn started(self, permit: OwnedSemaphorePermit) -> Turn<H> {

@@ -106,12 +106,14 @@ impl Acquirer {
             .queues
             .join(&name, plan.kind)
             .map_err(|held_as| clash(&name, held_as, plan.kind))?;
-        let mut turn = if plan.spin {
-            tokio::time::timeout_at(deadline, place.turn())
+        // A timer only for a task that has to wait for its turn: a lone task's acquire
+        // then arms one timer, its request's bound.
+        let mut turn = match place.try_turn() {
+            Ok(turn) => turn,
+            Err(_) if !plan.spin => return Err(busy(&name)),
+            Err(place) => tokio::time::timeout_at(deadline, place.turn())
                 .await
-                .map_err(|_| timeout(&name, 0, started))?
-        } else {
-            place.try_turn().ok_or_else(|| busy(&name))?
+                .map_err(|_| timeout(&name, 0, started))?,
         };
         let turn = match turn.handed() {
             Some(handed) => match self.holds.take_over(handed, turn, plan).await {
