@@ -311,6 +311,8 @@ async fn retries_end_in_timeout(fixture: Fixture) {
                     4 + joining,
                     "the first attempt and exactly 3 retries"
                 );
+                // Leaving the queue is done in the background.
+                fixture.client.shutdown().await;
                 assert_eq!(
                     fixture.round_trips() - trips_before,
                     u64::from(4 + joining + leaving)
