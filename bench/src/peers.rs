@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockGuard, LockOptions};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::{Client, Script};
 use rslock::LockManager;
 
@@ -139,7 +141,6 @@ pub(crate) enum Peer {
     },
     Raw {
         connection: ConnectionManager,
-        release: Script,
         retry: Duration,
     },
     RawCareful {
@@ -204,7 +205,6 @@ impl Peer {
                     .map_err(|e| e.to_string())?;
                 Ok(Peer::Raw {
                     connection,
-                    release: COMPARE_AND_DELETE_SCRIPT.clone(),
                     retry: raw_retry,
                 })
             }
@@ -231,28 +231,9 @@ impl Peer {
                 .await
                 .map(Held::Library)
                 .map_err(|e| e.to_string()),
-            Peer::Raw {
-                connection, retry, ..
-            } => {
+            Peer::Raw { connection, retry } => {
                 let token = new_token();
-                let attempts = async {
-                    loop {
-                        let set: Option<String> = redis::cmd("SET")
-                            .arg(key)
-                            .arg(&token)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(LEASE.as_millis() as u64)
-                            .query_async(&mut connection.clone())
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        if set.is_some() {
-                            return Ok(());
-                        }
-                        tokio::time::sleep(*retry).await;
-                    }
-                };
-                capped(attempts).await?;
+                raw_acquire(connection, key, &token, LEASE, *retry).await?;
                 Ok(Held::Raw {
                     key: key.to_owned(),
                     token,
@@ -260,24 +241,7 @@ impl Peer {
             }
             Peer::RawCareful { connection, retry } => {
                 let token = uuid::Uuid::new_v4().to_string();
-                let attempts = async {
-                    loop {
-                        let set: Option<String> = redis::cmd("SET")
-                            .arg(key)
-                            .arg(&token)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(FIXED_LEASE.as_millis() as u64)
-                            .query_async(&mut connection.clone())
-                            .await
-                            .map_err(|e| e.to_string())?;
-                        if set.is_some() {
-                            return Ok(());
-                        }
-                        tokio::time::sleep(*retry).await;
-                    }
-                };
-                capped(attempts).await?;
+                raw_acquire(connection, key, &token, FIXED_LEASE, *retry).await?;
                 Ok(Held::Raw {
                     key: key.to_owned(),
                     token,
@@ -302,38 +266,11 @@ impl Peer {
             (Peer::Library { .. }, Held::Library(guard)) => {
                 guard.release().await.map_err(|e| e.to_string())
             }
-            (
-                Peer::Raw {
-                    connection,
-                    release,
-                    ..
-                },
-                Held::Raw { key, token },
-            ) => {
-                let deleted: i64 = release
-                    .key(&key)
-                    .arg(&token)
-                    .invoke_async(&mut connection.clone())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if deleted == 1 {
-                    Ok(())
-                } else {
-                    Err(format!("{key} was no longer held at release"))
-                }
+            (Peer::Raw { connection, .. }, Held::Raw { key, token }) => {
+                raw_release(connection, &key, &token).await
             }
             (Peer::RawCareful { connection, .. }, Held::Raw { key, token }) => {
-                let deleted: i64 = COMPARE_AND_DELETE_SCRIPT
-                    .key(&key)
-                    .arg(&token)
-                    .invoke_async(&mut connection.clone())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if deleted == 1 {
-                    Ok(())
-                } else {
-                    Err(format!("{key} was no longer held at release"))
-                }
+                raw_release(connection, &key, &token).await
             }
             // Best effort by design: rslock reports nothing.
             (Peer::Rslock { manager }, Held::Rslock(lock)) => {
@@ -343,6 +280,53 @@ impl Peer {
             (Peer::Unlocked, Held::Nothing) => Ok(()),
             _ => Err("a lock released through another implementation".to_owned()),
         }
+    }
+}
+
+/// The raw protocol's acquire: `SET NX PX` until it is granted, sleeping `retry`
+/// between tries.
+async fn raw_acquire(
+    connection: &(impl ConnectionLike + Clone + Send + Sync),
+    key: &str,
+    token: &str,
+    lease: Duration,
+    retry: Duration,
+) -> Result<(), String> {
+    let attempts = async {
+        loop {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(key)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(lease.as_millis() as u64)
+                .query_async(&mut connection.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            if set.is_some() {
+                return Ok(());
+            }
+            tokio::time::sleep(retry).await;
+        }
+    };
+    capped(attempts).await
+}
+
+/// The raw protocol's release: the compare-and-delete, by `EVALSHA`.
+async fn raw_release(
+    connection: &(impl ConnectionLike + Clone + Send + Sync),
+    key: &str,
+    token: &str,
+) -> Result<(), String> {
+    let deleted: i64 = COMPARE_AND_DELETE_SCRIPT
+        .key(key)
+        .arg(token)
+        .invoke_async(&mut connection.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    match deleted {
+        1 => Ok(()),
+        _ => Err(format!("{key} was no longer held at release")),
     }
 }
 
