@@ -1,6 +1,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -370,8 +371,26 @@ impl Drop for RedisServer {
     }
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, for a server. Taken below the ports
+/// the system gives outgoing connections (32768 and up on Linux), and in turn through
+/// that range, so that the port of a server that was stopped to be started again
+/// (a failover's old primary) is neither a client's by then nor another server's.
 pub(crate) fn free_port() -> u16 {
+    const FIRST: u16 = 20_000;
+    const COUNT: u16 = 12_000;
+    static NEXT: OnceLock<AtomicU16> = OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.subsec_nanos());
+        AtomicU16::new(((nanos ^ std::process::id()) % u32::from(COUNT)) as u16)
+    });
+    for _ in 0..COUNT {
+        let port = FIRST + next.fetch_add(1, Ordering::Relaxed) % COUNT;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("bind a free loopback port")
