@@ -227,13 +227,14 @@ impl LockInspector {
     /// as `KEYS` would; a lock taken or freed meanwhile may be missed or shown.
     pub async fn locks(&self, prefix: &str) -> Result<Vec<LockState>, LockError> {
         let pattern = scan_pattern(prefix)?;
+        let limit = self.config.command_timeout;
         let mut names = BTreeSet::new();
         match &self.cluster {
-            None => scan(&mut self.connection.clone(), &pattern, &mut names).await,
+            None => scan(&mut self.connection.clone(), &pattern, limit, &mut names).await,
             Some(urls) => {
                 let mut primaries = self.primaries(urls).await?;
                 for primary in &mut primaries {
-                    scan(primary, &pattern, &mut names).await?;
+                    scan(primary, &pattern, limit, &mut names).await?;
                 }
                 Ok(())
             }
@@ -472,18 +473,19 @@ fn key_of(name: &str) -> Option<String> {
 async fn scan(
     connection: &mut (impl ConnectionLike + Send),
     pattern: &str,
+    limit: Duration,
     names: &mut BTreeSet<String>,
 ) -> RedisResult<()> {
     let mut cursor = 0_u64;
     loop {
-        let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
+        let mut call = redis::cmd("SCAN");
+        call.arg(cursor)
             .arg("MATCH")
             .arg(pattern)
             .arg("COUNT")
-            .arg(1000)
-            .query_async(connection)
-            .await?;
+            .arg(1000);
+        let (next, batch): (u64, Vec<Vec<u8>>) =
+            bounded(limit, call.query_async(connection)).await?;
         names.extend(
             batch
                 .into_iter()
