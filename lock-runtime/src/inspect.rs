@@ -11,7 +11,7 @@ use redis::{
     Pipeline, RedisError, RedisFuture, RedisResult, Script, Value,
 };
 
-use crate::backend::{Target, bounded};
+use crate::backend::{ScriptCall, Target, bounded};
 use crate::key::LockName;
 use crate::options::Kind;
 use crate::{ClientConfig, LockError};
@@ -257,11 +257,10 @@ impl LockInspector {
     pub async fn lock(&self, key: &str) -> Result<Option<LockState>, LockError> {
         let name = LockName::new(key)?;
         let mut connection = self.connection.clone();
-        let mut invocation = READ_LOCK.key(&name.hash);
-        invocation.key(&name.queue).key(&name.fence);
+        let invocation = ScriptCall::new(&READ_LOCK, &[name.hash(), name.queue(), name.fence()]);
         let read = bounded(
             self.config.command_timeout,
-            invocation.invoke_async::<Read>(&mut connection),
+            invocation.invoke::<Read>(&mut connection),
         )
         .await
         .map_err(|source| LockError::Backend {
@@ -432,7 +431,7 @@ fn scan_pattern(prefix: &str) -> Result<String, LockError> {
         "" => "lock:{".to_owned(),
         prefix => {
             let name = LockName::new(prefix)?;
-            name.hash[..name.hash.len() - 1].to_owned()
+            name.hash()[..name.hash().len() - 1].to_owned()
         }
     };
     let mut pattern = String::with_capacity(encoded.len() + 8);
@@ -572,8 +571,12 @@ mod tests {
     fn a_lock_name_decodes_to_its_key() {
         for key in ["order:42", r"transfer:a\:b:c", "x}y{z%", "%7D", "锁:🔒"] {
             let name = LockName::new(key).unwrap();
-            assert_eq!(key_of(&name.hash).as_deref(), Some(key));
-            for companion in [&name.fence, &name.queue, &format!("{}:synced", name.hash)] {
+            assert_eq!(key_of(name.hash()).as_deref(), Some(key));
+            for companion in [
+                name.fence(),
+                name.queue(),
+                &format!("{}:synced", name.hash()),
+            ] {
                 assert_eq!(key_of(companion), None, "{companion}");
             }
         }

@@ -102,16 +102,15 @@ impl fmt::Debug for LockKey {
 #[derive(Debug, Clone)]
 pub(crate) struct LockName {
     pub(crate) key: String,
-    pub(crate) hash: String,
-    pub(crate) fence: String,
-    /// Where releases are announced to every waiter (Redlock, memory).
-    pub(crate) channel: String,
-    /// The clients waiting for the lock, oldest first (one Redis, Sentinel, Cluster).
-    pub(crate) queue: String,
-    /// Prefix of the channel on which each waiting client hears that it was passed
-    /// the lock: the client's id follows.
-    pub(crate) grants: String,
+    /// The names back to back in one allocation, as every acquisition builds them:
+    /// the lock, then its companions in `SUFFIXES`' order.
+    names: String,
+    /// Where each name ends in `names`.
+    ends: [usize; 5],
 }
+
+/// The companions' suffixes, after the lock's own name.
+const SUFFIXES: [&str; 4] = [":fence", ":released", ":queue", ":granted:"];
 
 impl LockName {
     pub(crate) fn new(key: &str) -> Result<Self, LockError> {
@@ -120,30 +119,64 @@ impl LockName {
         } else if key.len() > MAX_KEY_LEN {
             "a key must be at most 64 KiB; derive a shorter key (an id or a hash) from the data"
         } else {
-            let mut hash = String::with_capacity(key.len() + 16);
-            hash.push_str("lock:{");
+            let mut names = String::with_capacity(5 * (key.len() + 8) + 40);
+            names.push_str("lock:{");
             for c in key.chars() {
                 match c {
-                    '%' => hash.push_str("%25"),
-                    '{' => hash.push_str("%7B"),
-                    '}' => hash.push_str("%7D"),
-                    c => hash.push(c),
+                    '%' => names.push_str("%25"),
+                    '{' => names.push_str("%7B"),
+                    '}' => names.push_str("%7D"),
+                    c => names.push(c),
                 }
             }
-            hash.push('}');
+            names.push('}');
+            let hash_end = names.len();
+            let mut ends = [hash_end; 5];
+            for (end, suffix) in ends[1..].iter_mut().zip(SUFFIXES) {
+                names.extend_from_within(..hash_end);
+                names.push_str(suffix);
+                *end = names.len();
+            }
             return Ok(LockName {
                 key: key.to_owned(),
-                fence: format!("{hash}:fence"),
-                channel: format!("{hash}:released"),
-                queue: format!("{hash}:queue"),
-                grants: format!("{hash}:granted:"),
-                hash,
+                names,
+                ends,
             });
         };
         Err(LockError::InvalidKey {
             key: key.to_owned(),
             reason,
         })
+    }
+
+    fn nth(&self, n: usize) -> &str {
+        let start = n.checked_sub(1).map_or(0, |before| self.ends[before]);
+        &self.names[start..self.ends[n]]
+    }
+
+    /// The lock's own key.
+    pub(crate) fn hash(&self) -> &str {
+        self.nth(0)
+    }
+
+    pub(crate) fn fence(&self) -> &str {
+        self.nth(1)
+    }
+
+    /// Where releases are announced to every waiter (Redlock, memory).
+    pub(crate) fn channel(&self) -> &str {
+        self.nth(2)
+    }
+
+    /// The clients waiting for the lock, oldest first (one Redis, Sentinel, Cluster).
+    pub(crate) fn queue(&self) -> &str {
+        self.nth(3)
+    }
+
+    /// Prefix of the channel on which each waiting client hears that it was passed
+    /// the lock: the client's id follows.
+    pub(crate) fn grants(&self) -> &str {
+        self.nth(4)
     }
 }
 
@@ -193,11 +226,11 @@ mod tests {
     #[test]
     fn braces_cannot_move_the_hash_tag() {
         let name = LockName::new("x}y{z%").unwrap();
-        assert_eq!(name.hash, "lock:{x%7Dy%7Bz%25}");
-        assert_eq!(name.fence, "lock:{x%7Dy%7Bz%25}:fence");
+        assert_eq!(name.hash(), "lock:{x%7Dy%7Bz%25}");
+        assert_eq!(name.fence(), "lock:{x%7Dy%7Bz%25}:fence");
         assert_ne!(
-            LockName::new("%7D").unwrap().hash,
-            LockName::new("}").unwrap().hash
+            LockName::new("%7D").unwrap().hash(),
+            LockName::new("}").unwrap().hash()
         );
     }
 
@@ -313,9 +346,9 @@ mod tests {
                 let key = key(&prefix, &parts);
                 prop_assume!(!key.is_empty());
                 let name = LockName::new(&key).unwrap();
-                let slot_of_lock = slot(&name.hash);
-                let grant = format!("{}{}", name.grants, "client-7");
-                for redis_name in [&name.fence, &name.channel, &name.queue, &grant] {
+                let slot_of_lock = slot(name.hash());
+                let grant = format!("{}{}", name.grants(), "client-7");
+                for redis_name in [name.fence(), name.channel(), name.queue(), &grant] {
                     prop_assert_eq!(slot(redis_name), slot_of_lock, "{}", redis_name);
                 }
             }
@@ -324,8 +357,9 @@ mod tests {
             fn distinct_keys_get_distinct_names(a in tag_text(), b in tag_text()) {
                 prop_assume!(a != b && !a.is_empty() && !b.is_empty());
                 let name = LockName::new(&a).unwrap();
-                prop_assert_eq!(key_of_tag(&name.hash), a);
-                prop_assert_ne!(name.hash, LockName::new(&b).unwrap().hash);
+                prop_assert_eq!(key_of_tag(name.hash()), a);
+                let other = LockName::new(&b).unwrap();
+                prop_assert_ne!(name.hash(), other.hash());
             }
         }
     }

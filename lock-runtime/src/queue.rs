@@ -84,7 +84,7 @@ impl<H> Queues<H> {
             Kind::Permit(permits) => (permits, 1),
         };
         let mut lines = self.lines();
-        let line = lines.entry(name.hash.clone()).or_insert_with(|| Line {
+        let line = lines.entry(name.hash().to_owned()).or_insert_with(|| Line {
             kind,
             turns: Arc::new(Semaphore::new(capacity as usize)),
             places: 0,
@@ -131,7 +131,7 @@ impl<H> Place<H> {
         let handed = self
             .queues
             .lines()
-            .get_mut(&self.name.hash)
+            .get_mut(self.name.hash())
             .and_then(|line| {
                 line.holding += 1;
                 line.handed.pop()
@@ -149,14 +149,14 @@ impl<H> Drop for Place<H> {
     /// tasks still waiting, and drops the rest, which gives it back to the store.
     fn drop(&mut self) {
         let mut lines = self.queues.lines();
-        let Some(line) = lines.get_mut(&self.name.hash) else {
+        let Some(line) = lines.get_mut(self.name.hash()) else {
             return;
         };
         line.places -= 1;
         let waiting = line.places - line.holding;
         let unclaimed = line.handed.split_off(waiting.min(line.handed.len()));
         let emptied = match line.places {
-            0 => lines.remove(&self.name.hash),
+            0 => lines.remove(self.name.hash()),
             _ => None,
         };
         drop(lines);
@@ -171,7 +171,7 @@ impl<H> Turn<H> {
     pub(crate) fn hand_on(self, handed: H) -> Result<(), (Turn<H>, H)> {
         let place = &self.place;
         let mut lines = place.queues.lines();
-        match lines.get_mut(&place.name.hash) {
+        match lines.get_mut(place.name.hash()) {
             Some(line) if line.places - line.holding > line.handed.len() => {
                 line.handed.push(handed);
                 drop(lines);
@@ -204,7 +204,7 @@ impl<H> Turn<H> {
             .await
             .ok()?;
         let releases = subscription.releases();
-        if let Some(line) = place.queues.lines().get_mut(&place.name.hash) {
+        if let Some(line) = place.queues.lines().get_mut(place.name.hash()) {
             line.releases = Some(subscription);
         }
         Some(releases)
@@ -214,7 +214,7 @@ impl<H> Turn<H> {
     pub(crate) fn subscribed(&self) -> Option<watch::Receiver<u64>> {
         let place = &self.place;
         let lines = place.queues.lines();
-        let line = lines.get(&place.name.hash)?;
+        let line = lines.get(place.name.hash())?;
         line.releases.as_ref().map(Subscription::releases)
     }
 }
@@ -222,7 +222,7 @@ impl<H> Turn<H> {
 impl<H> Drop for Turn<H> {
     fn drop(&mut self) {
         let place = &self.place;
-        if let Some(line) = place.queues.lines().get_mut(&place.name.hash) {
+        if let Some(line) = place.queues.lines().get_mut(place.name.hash()) {
             line.holding -= 1;
         }
     }

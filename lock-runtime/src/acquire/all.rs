@@ -24,7 +24,7 @@ impl Acquirer {
         let mut ordered = BTreeMap::new();
         for key in keys {
             let name = LockName::new(key)?;
-            ordered.entry(name.hash).or_insert(name.key);
+            ordered.entry(name.hash().to_owned()).or_insert(name.key);
         }
         let Some(first) = ordered.values().next() else {
             return Err(LockError::InvalidOptions {

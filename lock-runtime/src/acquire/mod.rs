@@ -91,8 +91,10 @@ impl Acquirer {
         deadline: Instant,
     ) -> Result<LockGuard, LockError> {
         let name = Arc::new(LockName::new(key)?);
-        if let Some(level) = Level::innermost(self.id, &name.hash) {
-            return reenter(&level, &name, plan, started, deadline).await;
+        // The rarer ways in are boxed, so that their state does not weigh on every
+        // acquire's future, which is moved as a whole on its way in.
+        if let Some(level) = Level::innermost(self.id, name.hash()) {
+            return Box::pin(reenter(&level, &name, plan, started, deadline)).await;
         }
         if matches!(plan.kind, Kind::Permit(_)) && !self.backend.counts_permits() {
             return Err(invalid(
@@ -116,14 +118,13 @@ impl Acquirer {
                 .map_err(|_| timeout(&name, 0, started))?,
         };
         let turn = match turn.handed() {
-            Some(handed) => match self.holds.take_over(handed, turn, plan).await {
+            Some(handed) => match Box::pin(self.holds.take_over(handed, turn, plan)).await {
                 Ok(guard) => return Ok(guard),
                 Err(turn) => turn,
             },
             None => turn,
         };
-        // Boxed: the waiting loop's state is most of an acquire's, and would be
-        // copied with the acquire's future at every step of its way in.
+        // Boxed too: the waiting loop's state is most of what is left.
         let asking = attempts::until_granted(self, name, turn, plan, started, deadline);
         let grant = Box::pin(asking).await?;
         Ok(self.holds.start(grant, plan))

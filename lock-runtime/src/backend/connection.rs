@@ -12,9 +12,9 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::sentinel::SentinelClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline,
-    ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture, RedisResult,
-    ServerErrorKind, TlsMode, Value,
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, FromRedisValue,
+    Pipeline, ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture,
+    RedisResult, Script, ServerErrorKind, TlsMode, ToRedisArgs, Value,
 };
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -248,6 +248,47 @@ impl Target {
                 ));
                 Ok(Connection::Sentinel(connection))
             }
+        }
+    }
+}
+
+/// One call of a script, sent as `EVALSHA` and built in place: redis-rs'
+/// `ScriptInvocation` first copies each key and argument into an allocation of its
+/// own, which on the everyday release was most of the client's allocations.
+pub(crate) struct ScriptCall {
+    script: &'static Script,
+    command: Cmd,
+}
+
+impl ScriptCall {
+    /// A call of `script` on `keys`, followed by its arguments.
+    pub(crate) fn new<K: ToRedisArgs>(script: &'static Script, keys: &[K]) -> ScriptCall {
+        let mut command = Cmd::with_capacity(12, 256);
+        command
+            .arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys);
+        ScriptCall { script, command }
+    }
+
+    pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut ScriptCall {
+        self.command.arg(arg);
+        self
+    }
+
+    /// Runs it, loading the script first if the server does not have it (a restart
+    /// or a failover wiped it).
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        connection: &mut impl ConnectionLike,
+    ) -> RedisResult<T> {
+        match self.command.query_async(connection).await {
+            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(connection).await?;
+                self.command.query_async(connection).await
+            }
+            answer => answer,
         }
     }
 }

@@ -78,7 +78,7 @@ impl MemoryStore {
             fences,
             writers_waiting,
         } = &mut *state;
-        let waiting = writers_waiting.entry(name.hash.clone()).or_default();
+        let waiting = writers_waiting.entry(name.hash().to_owned()).or_default();
         waiting.retain(|_, until| *until > now);
         let holders = held(locks, name, now, kind);
         if let Some(held_as) = holders.clash(kind) {
@@ -91,25 +91,25 @@ impl MemoryStore {
             }
             let retry_in = holders.first_lease_end().map(|end| end - now);
             if holders.leases.is_empty() {
-                locks.remove(&name.hash);
+                locks.remove(name.hash());
             }
             if waiting.is_empty() {
-                writers_waiting.remove(&name.hash);
+                writers_waiting.remove(name.hash());
             }
             return Attempt::Busy {
                 retry_in,
-                fence: fencing.then(|| fences.get(&name.fence).copied().unwrap_or(0)),
+                fence: fencing.then(|| fences.get(name.fence()).copied().unwrap_or(0)),
             };
         }
         waiting.remove(token);
         if waiting.is_empty() {
-            writers_waiting.remove(&name.hash);
+            writers_waiting.remove(name.hash());
         }
         holders.kind = kind;
         holders.leases.insert(token.to_owned(), now + lease);
         Attempt::Granted {
             fence: fencing.then(|| {
-                let counter = fences.entry(name.fence.clone()).or_insert(0);
+                let counter = fences.entry(name.fence().to_owned()).or_insert(0);
                 *counter += 1;
                 *counter
             }),
@@ -123,22 +123,22 @@ impl MemoryStore {
         let mut state = self.state();
         let writer_left = state
             .writers_waiting
-            .get_mut(&name.hash)
+            .get_mut(name.hash())
             .is_some_and(|waiting| waiting.remove(token).is_some());
         let mut ours = false;
-        if let Some(holders) = state.locks.get_mut(&name.hash) {
+        if let Some(holders) = state.locks.get_mut(name.hash()) {
             ours = holders
                 .leases
                 .remove(token)
                 .is_some_and(|until| until > now);
             holders.leases.retain(|_, until| *until > now);
             if holders.leases.is_empty() {
-                state.locks.remove(&name.hash);
+                state.locks.remove(name.hash());
             }
         }
         drop(state);
         if ours || writer_left {
-            self.signals.notify(&name.channel);
+            self.signals.notify(name.channel());
         }
         ours
     }
@@ -148,7 +148,7 @@ impl MemoryStore {
         let mut state = self.state();
         let until = state
             .locks
-            .get_mut(&name.hash)
+            .get_mut(name.hash())
             .and_then(|holders| holders.leases.get_mut(token));
         match until {
             Some(until) if *until > now => {
@@ -165,7 +165,7 @@ impl MemoryStore {
         let state = self.state();
         let last = state
             .locks
-            .get(&name.hash)?
+            .get(name.hash())?
             .leases
             .values()
             .max()
@@ -176,10 +176,10 @@ impl MemoryStore {
     /// Frees the lock whoever holds it; whether it was held.
     pub(crate) fn force_unlock(&self, name: &LockName) -> bool {
         let now = Instant::now();
-        let holders = self.state().locks.remove(&name.hash);
+        let holders = self.state().locks.remove(name.hash());
         let was_held = holders.is_some_and(|holders| holders.leases.values().any(|&t| t > now));
         if was_held {
-            self.signals.notify(&name.channel);
+            self.signals.notify(name.channel());
         }
         was_held
     }
@@ -198,10 +198,12 @@ fn held<'a>(
     now: Instant,
     kind: Kind,
 ) -> &'a mut Holders {
-    let holders = locks.entry(name.hash.clone()).or_insert_with(|| Holders {
-        kind,
-        leases: HashMap::new(),
-    });
+    let holders = locks
+        .entry(name.hash().to_owned())
+        .or_insert_with(|| Holders {
+            kind,
+            leases: HashMap::new(),
+        });
     holders.leases.retain(|_, until| *until > now);
     holders
 }

@@ -21,7 +21,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{Mutex, watch};
 
 pub(crate) use self::background::{Background, Finishing, Orphan};
-pub(crate) use self::connection::{Target, bounded};
+pub(crate) use self::connection::{ScriptCall, Target, bounded};
 pub(crate) use self::memory::MemoryStore;
 pub(crate) use self::redis::RedisNode;
 pub use self::redis::script_hashes;
@@ -338,8 +338,8 @@ impl Backend {
         client: &str,
     ) -> Result<Subscription, LockError> {
         let channel: Arc<str> = match self.queues() {
-            true => format!("{}{client}", name.grants).into(),
-            false => name.channel.as_str().into(),
+            true => format!("{}{client}", name.grants()).into(),
+            false => name.channel().into(),
         };
         let _changing = self.changes.lock().await;
         let (releases, first) = self.signals.join(&channel);

@@ -4,10 +4,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, Script, ScriptInvocation};
+use redis::{ErrorKind, RedisError, Script};
 use tokio::sync::OnceCell;
 
-use super::connection::{Connection, Target, bounded};
+use super::connection::{Connection, ScriptCall, Target, bounded};
 use super::replication::{Confirmed, Replication};
 use super::signals::Signals;
 use super::{Attempt, CLAIM_WINDOW, Queue, Released, Waiters, lease_ms};
@@ -154,7 +154,7 @@ impl RedisNode {
             // that share the key, or a lock left by an older version. The script tells
             // those apart.
             let mut set = redis::cmd("SET");
-            set.arg(&name.hash)
+            set.arg(name.hash())
                 .arg(token)
                 .arg("NX")
                 .arg("PX")
@@ -181,21 +181,17 @@ impl RedisNode {
             Queue::Join(stay) => ("join", stay),
             Queue::Writers(stay) => ("writers", stay.unwrap_or_default()),
         };
-        let mut invocation = ACQUIRE.key(&name.hash);
+        let mut invocation = ScriptCall::new(&ACQUIRE, &[name.hash(), name.fence(), name.queue()]);
         invocation
-            .key(&name.fence)
-            .key(&name.queue)
             .arg(token)
             .arg(lease_ms(lease))
             .arg(if fencing { "1" } else { "0" })
             .arg(mode)
             .arg(lease_ms(stay))
             .arg(lease_ms(CLAIM_WINDOW))
-            .arg(&name.grants)
+            .arg(name.grants())
             .arg(self.target.publish_command());
-        let reply: Vec<i64> = self
-            .run(name, invocation.invoke_async(&mut connection))
-            .await?;
+        let reply: Vec<i64> = self.run(name, invocation.invoke(&mut connection)).await?;
         Ok(match reply[..] {
             [1, counter, ..] => {
                 let fence = fencing.then_some(counter as u64);
@@ -263,13 +259,13 @@ impl RedisNode {
         token: &str,
         waiters: Waiters,
     ) -> Result<Released, LockError> {
-        let mut invocation = RELEASE.key(&name.hash);
-        invocation.key(&name.queue).arg(token);
+        let mut invocation = ScriptCall::new(&RELEASE, &[name.hash(), name.queue()]);
+        invocation.arg(token);
         self.telling(&mut invocation, name, waiters);
         let invocation = &invocation;
         let freed: u64 = self
             .idempotent(name, |mut connection| async move {
-                invocation.invoke_async(&mut connection).await
+                invocation.invoke(&mut connection).await
             })
             .await?;
         Ok(match freed {
@@ -282,7 +278,7 @@ impl RedisNode {
     pub(crate) async fn lease_left(&self, name: &LockName) -> Result<Option<Duration>, LockError> {
         let mut connection = self.connection.clone();
         let mut pttl = redis::cmd("PTTL");
-        pttl.arg(&name.hash);
+        pttl.arg(name.hash());
         let pttl: i64 = self.run(name, pttl.query_async(&mut connection)).await?;
         Ok(match pttl {
             -2 => None,
@@ -299,23 +295,15 @@ impl RedisNode {
         name: &LockName,
         waiters: Waiters,
     ) -> Result<bool, LockError> {
-        let mut invocation = FORCE_UNLOCK.key(&name.hash);
-        invocation.key(&name.queue);
+        let mut invocation = ScriptCall::new(&FORCE_UNLOCK, &[name.hash(), name.queue()]);
         self.telling(&mut invocation, name, waiters);
         let mut connection = self.connection.clone();
-        let freed: u64 = self
-            .run(name, invocation.invoke_async(&mut connection))
-            .await?;
+        let freed: u64 = self.run(name, invocation.invoke(&mut connection)).await?;
         Ok(freed == 1)
     }
 
     /// The arguments by which a script that frees a lock tells `waiters` of it.
-    fn telling<'a>(
-        &self,
-        invocation: &mut ScriptInvocation<'a>,
-        name: &'a LockName,
-        waiters: Waiters,
-    ) {
+    fn telling(&self, invocation: &mut ScriptCall, name: &LockName, waiters: Waiters) {
         let mode = match waiters {
             Waiters::Queue => "queue",
             Waiters::Broadcast => "broadcast",
@@ -324,8 +312,8 @@ impl RedisNode {
         invocation
             .arg(mode)
             .arg(lease_ms(CLAIM_WINDOW))
-            .arg(&name.grants)
-            .arg(&name.channel)
+            .arg(name.grants())
+            .arg(name.channel())
             .arg(self.target.publish_command());
     }
 
@@ -338,12 +326,12 @@ impl RedisNode {
         let renewed = match self.renew_natively(name, token, lease).await? {
             Some(renewed) => renewed,
             None => {
-                let mut invocation = RENEW.key(&name.hash);
+                let mut invocation = ScriptCall::new(&RENEW, &[name.hash()]);
                 invocation.arg(token).arg(lease_ms(lease));
                 let invocation = &invocation;
                 let renewed: i64 = self
                     .idempotent(name, |mut connection| async move {
-                        invocation.invoke_async(&mut connection).await
+                        invocation.invoke(&mut connection).await
                     })
                     .await?;
                 renewed == 1
@@ -380,7 +368,7 @@ impl RedisNode {
             return Ok(None);
         }
         let mut set = redis::cmd("SET");
-        set.arg(&name.hash)
+        set.arg(name.hash())
             .arg(token)
             .arg("IFEQ")
             .arg(token)
@@ -408,11 +396,11 @@ impl RedisNode {
 
     /// Raises the lock's fencing counter to at least `floor`; returns the counter.
     pub(crate) async fn raise_fence(&self, name: &LockName, floor: u64) -> Result<u64, LockError> {
-        let mut invocation = RAISE_FENCE.key(&name.fence);
+        let mut invocation = ScriptCall::new(&RAISE_FENCE, &[name.fence()]);
         invocation.arg(floor);
         let invocation = &invocation;
         self.idempotent(name, |mut connection| async move {
-            invocation.invoke_async(&mut connection).await
+            invocation.invoke(&mut connection).await
         })
         .await
     }
@@ -447,14 +435,9 @@ impl RedisNode {
     where
         F: Future<Output = redis::RedisResult<T>>,
     {
-        let limit = self.config.command_timeout;
-        match bounded(limit, call(self.connection.clone())).await {
-            Err(error) if error.is_connection_dropped() => {
-                bounded(limit, call(self.connection.clone())).await
-            }
-            answer => answer,
-        }
-        .map_err(|source| LockError::backend(&name.key, source))
+        retried_once(self.config.command_timeout, &self.connection, call)
+            .await
+            .map_err(|source| LockError::backend(&name.key, source))
     }
 
     async fn run<T>(
@@ -465,6 +448,24 @@ impl RedisNode {
         bounded(self.config.command_timeout, call)
             .await
             .map_err(|source| LockError::backend(&name.key, source))
+    }
+}
+
+/// `call` on `connection` within `limit`, sent again once if the connection was
+/// found dropped (Redis restarted, say): for requests that may safely run twice.
+async fn retried_once<T, F>(
+    limit: Duration,
+    connection: &Connection,
+    call: impl Fn(Connection) -> F,
+) -> redis::RedisResult<T>
+where
+    F: Future<Output = redis::RedisResult<T>>,
+{
+    match bounded(limit, call(connection.clone())).await {
+        Err(error) if error.is_connection_dropped() => {
+            bounded(limit, call(connection.clone())).await
+        }
+        answer => answer,
     }
 }
 

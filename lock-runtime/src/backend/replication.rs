@@ -15,7 +15,7 @@ use redis::{ErrorKind, RedisError, RedisResult, Script};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use super::connection::{Connection, Replicas, Target, bounded};
+use super::connection::{Connection, Replicas, ScriptCall, Target, bounded};
 use crate::key::{LockName, slot};
 use crate::{ClientConfig, LockError};
 
@@ -155,13 +155,26 @@ impl Replication {
     /// Whether the replicas required have what `token` was granted or renewed on
     /// `name`, once the answer that said so has arrived.
     pub(crate) async fn confirm(&self, name: &LockName, token: &str) -> RedisResult<Confirmed> {
-        let required = self.required.of(&name.hash);
+        match self.ask(name, token) {
+            Ok(answered) => answered.await.unwrap_or_else(|_| Err(no_rounds())),
+            Err(confirmed) => confirmed,
+        }
+    }
+
+    /// Sends the request for the next round; its answer comes on what this returns,
+    /// or at once when nothing need be asked or nobody can be.
+    fn ask(
+        &self,
+        name: &LockName,
+        token: &str,
+    ) -> Result<oneshot::Receiver<RedisResult<Confirmed>>, RedisResult<Confirmed>> {
+        let required = self.required.of(name.hash());
         if required == 0 && !self.rounds.fsync {
-            return Ok(Confirmed::Yes);
+            return Err(Ok(Confirmed::Yes));
         }
         let (answer, answered) = oneshot::channel();
         let request = Request {
-            lock: name.hash.clone(),
+            lock: name.hash().to_owned(),
             token: token.to_owned(),
             required,
             answer,
@@ -172,9 +185,11 @@ impl Replication {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
-            self.sender().send(unsent.0).map_err(|_| no_rounds())?;
+            if self.sender().send(unsent.0).is_err() {
+                return Err(Err(no_rounds()));
+            }
         }
-        answered.await.unwrap_or_else(|_| Err(no_rounds()))
+        Ok(answered)
     }
 
     fn sender(&self) -> mpsc::UnboundedSender<Request> {
@@ -242,15 +257,13 @@ impl Rounds {
     }
 
     async fn check(&self, group: &[Request]) -> RedisResult<Vec<bool>> {
-        let mut invocation = CONFIRM.prepare_invoke();
-        for request in group {
-            invocation.key(&request.lock);
-        }
+        let locks: Vec<&str> = group.iter().map(|request| request.lock.as_str()).collect();
+        let mut invocation = ScriptCall::new(&CONFIRM, &locks);
         for request in group {
             invocation.arg(&request.token);
         }
         let mut connection = self.connection.clone();
-        let held: Vec<i64> = bounded(self.limit, invocation.invoke_async(&mut connection)).await?;
+        let held: Vec<i64> = bounded(self.limit, invocation.invoke(&mut connection)).await?;
         Ok(held.into_iter().map(|held| held == 1).collect())
     }
 

@@ -202,6 +202,9 @@ impl LockGuard {
     /// owner was deleted then. For a multi-key guard, releases every key, together,
     /// and returns the first key's error, if any, once all have answered.
     pub async fn release(mut self) -> Result<(), LockError> {
+        if self.others.is_empty() {
+            return self.let_go().await;
+        }
         let others = std::mem::take(&mut self.others);
         let letting_go: Vec<_> = std::iter::once(self.let_go())
             .chain(others.into_iter().map(|mut other| other.let_go()))

@@ -49,7 +49,7 @@ impl Level {
         let mut level = SCOPE.try_with(Arc::clone).ok();
         while let Some(current) = level {
             let hold = &current.hold;
-            if hold.client() == client && hold.name().hash == hash && hold.is_held() {
+            if hold.client() == client && hold.name().hash() == hash && hold.is_held() {
                 return Some(current);
             }
             level = current.parent.clone();
