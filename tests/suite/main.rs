@@ -18,6 +18,7 @@ mod outage;
 mod ownership;
 mod read_write;
 mod redlock;
+mod renewal;
 mod replication;
 mod secured;
 mod semaphore;

@@ -53,6 +53,13 @@ pub(crate) enum Attempt {
     },
 }
 
+/// A lease to renew: the lock, the token that should hold it, and the lease to give.
+pub(crate) struct Renewing {
+    pub(crate) name: Arc<LockName>,
+    pub(crate) token: Arc<str>,
+    pub(crate) lease: Duration,
+}
+
 /// What a release did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Released {
@@ -311,6 +318,33 @@ impl Backend {
         }
     }
 
+    /// Renews each of `renewals` if its token still holds the lock: where locks live
+    /// in Redis, in one request per hash slot for many locks; elsewhere one renewal
+    /// each, all at once. What each found, in order.
+    pub(crate) async fn renew_many(
+        self: &Arc<Self>,
+        renewals: Vec<Renewing>,
+    ) -> Vec<Result<bool, LockError>> {
+        if let Store::Redis(node) = &self.store {
+            return node.renew_many(&renewals).await;
+        }
+        let names: Vec<Arc<LockName>> = renewals
+            .iter()
+            .map(|renewing| renewing.name.clone())
+            .collect();
+        let mut renewing = tokio::task::JoinSet::new();
+        for (index, Renewing { name, token, lease }) in renewals.into_iter().enumerate() {
+            let backend = self.clone();
+            renewing.spawn(async move { (index, backend.renew(&name, &token, lease).await) });
+        }
+        let mut answers: Vec<Option<Result<bool, LockError>>> = Vec::new();
+        answers.resize_with(renewing.len(), || None);
+        while let Some(Ok((index, answer))) = renewing.join_next().await {
+            answers[index] = Some(answer);
+        }
+        renewal_answers(answers, names.iter().map(|name| &**name))
+    }
+
     /// How long the lock on `name` has left, whoever holds it; `None` when free.
     pub(crate) async fn lease_left(&self, name: &LockName) -> Result<Option<Duration>, LockError> {
         match &self.store {
@@ -425,6 +459,27 @@ impl Drop for Subscription {
             });
         }
     }
+}
+
+/// Each renewal's answer, in order, for the locks `names`; one whose request never
+/// finished (its task panicked) is an error, not a refusal: its lock may be held.
+fn renewal_answers<'a>(
+    answers: Vec<Option<Result<bool, LockError>>>,
+    names: impl Iterator<Item = &'a LockName>,
+) -> Vec<Result<bool, LockError>> {
+    answers
+        .into_iter()
+        .zip(names)
+        .map(|(answer, name)| {
+            answer.unwrap_or_else(|| {
+                let unfinished = (
+                    ::redis::ErrorKind::Io,
+                    "the renewal's request did not finish",
+                );
+                Err(LockError::backend(&name.key, unfinished.into()))
+            })
+        })
+        .collect()
 }
 
 fn lease_ms(lease: Duration) -> u64 {

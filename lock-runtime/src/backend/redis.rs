@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, Script};
 use tokio::sync::OnceCell;
+use tokio::task::JoinSet;
 
 use super::connection::{Connection, ScriptCall, Target, bounded};
 use super::replication::{Confirmed, Replication};
 use super::signals::Signals;
-use super::{Attempt, CLAIM_WINDOW, Queue, Released, Waiters, lease_ms};
-use crate::key::LockName;
+use super::{Attempt, CLAIM_WINDOW, Queue, Released, Renewing, Waiters, lease_ms, renewal_answers};
+use crate::key::{LockName, slot};
 use crate::options::Kind;
 use crate::{ClientConfig, LockError, telemetry};
 
@@ -41,8 +42,13 @@ static ACQUIRE: LazyLock<Script> = lock_script!("scripts/acquire.lua");
 static RELEASE: LazyLock<Script> = lock_script!("scripts/release_alone.lua", "scripts/release.lua");
 static FORCE_UNLOCK: LazyLock<Script> = lock_script!("scripts/force_unlock.lua");
 static RENEW: LazyLock<Script> = lock_script!("scripts/renew_alone.lua", "scripts/renew.lua");
+static RENEW_MANY: LazyLock<Script> = lock_script!("scripts/renew_many.lua");
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
+
+/// The most locks one renewal call takes: each costs Redis a read and a write, and
+/// the call blocks the server while it runs.
+const RENEWALS_PER_CALL: usize = 256;
 
 /// The SHA1 of each lock script, by its file name, as `EVALSHA` sends it: for tools
 /// that count Redis requests per script.
@@ -85,7 +91,7 @@ impl RedisNode {
             .map_err(unreachable)?;
         // Loaded up front (on every primary of a Cluster) so that the first lock costs
         // one round trip, not three.
-        for script in [&*ACQUIRE, &*RELEASE, &*RENEW] {
+        for script in [&*ACQUIRE, &*RELEASE, &*RENEW, &*RENEW_MANY] {
             bounded(config.command_timeout, script.load_async(&mut connection))
                 .await
                 .map_err(unreachable)?;
@@ -392,6 +398,95 @@ impl RedisNode {
             }
             Err(error) => Err(error),
         }
+    }
+
+    /// Renews each of `renewals` whose token still holds its lock, in one call per
+    /// hash slot of at most `RENEWALS_PER_CALL` locks, then confirms them with the
+    /// replicas together; what each found, in order.
+    pub(crate) async fn renew_many(&self, renewals: &[Renewing]) -> Vec<Result<bool, LockError>> {
+        let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (index, renewing) in renewals.iter().enumerate() {
+            let slot = match self.target {
+                Target::Cluster(_) => slot(renewing.name.hash()),
+                Target::Server { .. } | Target::Sentinel { .. } => 0,
+            };
+            slots.entry(slot).or_default().push(index);
+        }
+        // Sent together: on a Cluster the locks of a few thousand slots make as many
+        // calls.
+        let limit = self.config.command_timeout;
+        let mut calls = JoinSet::new();
+        for chunk in slots
+            .values()
+            .flat_map(|slot| slot.chunks(RENEWALS_PER_CALL))
+        {
+            let locks: Vec<&str> = chunk.iter().map(|&i| renewals[i].name.hash()).collect();
+            let mut call = ScriptCall::new(&RENEW_MANY, &locks);
+            for &i in chunk {
+                call.arg(&*renewals[i].token)
+                    .arg(lease_ms(renewals[i].lease));
+            }
+            let (chunk, connection) = (chunk.to_vec(), self.connection.clone());
+            calls.spawn(async move {
+                let call = &call;
+                let renewed: redis::RedisResult<Vec<i64>> =
+                    retried_once(limit, &connection, |mut connection| async move {
+                        call.invoke(&mut connection).await
+                    })
+                    .await;
+                // One answer per lock, or none is trusted: a lock left out is not one
+                // refused.
+                let renewed = renewed.and_then(|renewed| match renewed.len() == chunk.len() {
+                    true => Ok(renewed),
+                    false => Err(RedisError::from((
+                        ErrorKind::Parse,
+                        "unexpected reply from the renewal script",
+                        format!("{} answers for {} locks", renewed.len(), chunk.len()),
+                    ))),
+                });
+                (chunk, renewed)
+            });
+        }
+        let mut answers: Vec<Option<Result<bool, LockError>>> = Vec::new();
+        answers.resize_with(renewals.len(), || None);
+        while let Some(Ok((chunk, renewed))) = calls.join_next().await {
+            for (position, i) in chunk.into_iter().enumerate() {
+                let key = &renewals[i].name.key;
+                answers[i] = Some(match &renewed {
+                    Ok(renewed) => Ok(renewed[position] == 1),
+                    Err(error) => Err(LockError::backend(key, error.clone())),
+                });
+            }
+        }
+        let mut answers = renewal_answers(answers, renewals.iter().map(|renewing| &*renewing.name));
+        let Some(replication) = &self.replication else {
+            return answers;
+        };
+        let renewed: Vec<usize> = (0..renewals.len())
+            .filter(|&i| matches!(answers[i], Ok(true)))
+            .collect();
+        let confirming: Vec<(&LockName, &str)> = renewed
+            .iter()
+            .map(|&i| (&*renewals[i].name, &*renewals[i].token))
+            .collect();
+        let confirmed = replication.confirm_all(&confirming).await;
+        for (i, confirmed) in renewed.into_iter().zip(confirmed) {
+            let key = &renewals[i].name.key;
+            answers[i] = match confirmed {
+                Ok(Confirmed::Yes) => Ok(true),
+                Ok(Confirmed::NotHeld) => Ok(false),
+                Ok(Confirmed::Short {
+                    acknowledged,
+                    required,
+                }) => Err(LockError::Replication {
+                    key: key.clone(),
+                    acknowledged,
+                    required,
+                }),
+                Err(source) => Err(LockError::backend(key, source)),
+            };
+        }
+        answers
     }
 
     /// Raises the lock's fencing counter to at least `floor`; returns the counter.

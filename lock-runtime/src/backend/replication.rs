@@ -161,6 +161,25 @@ impl Replication {
         }
     }
 
+    /// [`confirm`](Self::confirm) for each of `grants`, all asked in one round.
+    pub(crate) async fn confirm_all(
+        &self,
+        grants: &[(&LockName, &str)],
+    ) -> Vec<RedisResult<Confirmed>> {
+        let asked: Vec<_> = grants
+            .iter()
+            .map(|(name, token)| self.ask(name, token))
+            .collect();
+        let mut confirmed = Vec::with_capacity(asked.len());
+        for asked in asked {
+            confirmed.push(match asked {
+                Ok(answered) => answered.await.unwrap_or_else(|_| Err(no_rounds())),
+                Err(confirmed) => confirmed,
+            });
+        }
+        confirmed
+    }
+
     /// Sends the request for the next round; its answer comes on what this returns,
     /// or at once when nothing need be asked or nobody can be.
     fn ask(

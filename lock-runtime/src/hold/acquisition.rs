@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use super::keeper::Care;
+use super::keeper::{Care, Due, EARLY_AT_MOST};
 use super::lease::Lease;
 use super::{ClientTurn, Grant, Holds};
 use crate::LockError;
@@ -158,6 +158,68 @@ impl Acquisition {
         })
     }
 
+    /// How much sooner than due the keeper may renew it, to renew it with others.
+    pub(super) fn renewable_early(&self) -> Duration {
+        self.watchdog_lease
+            .map_or(Duration::ZERO, |lease| (lease / 12).min(EARLY_AT_MOST))
+    }
+
+    /// The keeper's look at it, from the schedule's entry `due`: the lease to renew
+    /// it with now, if the watchdog renews it; otherwise it is looked at again when
+    /// its lease ends, or lost if it has. Nothing when it was released, or scheduled
+    /// again, since the entry was made.
+    pub(super) fn looked_at(self: &Arc<Self>, due: Due) -> Option<Duration> {
+        let mut care = self.care();
+        if *care != Care::Scheduled(due) {
+            return None;
+        }
+        if !self.lease.is_valid() {
+            *care = Care::Ended;
+            drop(care);
+            self.mark_lost();
+            return None;
+        }
+        let renew_until = self.max_hold.map(|max_hold| self.acquired_at + max_hold);
+        match self.watchdog_lease {
+            Some(lease) if renew_until.is_none_or(|until| due.0 < until) => Some(lease),
+            _ => {
+                let ends = self.lease.valid_until();
+                *care = Care::Scheduled(self.holds.keeper.watch(self, ends, &self.runtime));
+                None
+            }
+        }
+    }
+
+    /// After a renewal: has the keeper look at it again at `at`, or when its lease
+    /// ends if sooner, unless it was released meanwhile.
+    pub(super) fn look_again_at(self: &Arc<Self>, at: Instant) {
+        let mut care = self.care();
+        if let Care::Scheduled(due) = *care {
+            self.holds.keeper.forget(due);
+            let at = at.min(self.lease.valid_until());
+            *care = Care::Scheduled(self.holds.keeper.watch(self, at, &self.runtime));
+        }
+    }
+
+    /// Whether its holds let go of it, to Redis.
+    pub(super) fn is_released(&self) -> bool {
+        self.released.load(Ordering::Relaxed)
+    }
+
+    /// A renewal was refused: the lock is gone.
+    pub(super) fn lose(&self) {
+        self.stop_care();
+        self.mark_lost();
+    }
+
+    /// The keeper looks after it no more.
+    fn stop_care(&self) {
+        let stopped = std::mem::replace(&mut *self.care(), Care::Ended);
+        if let Care::Scheduled(due) = stopped {
+            self.holds.keeper.forget(due);
+        }
+    }
+
     /// Has the keeper look after it by `at` at the latest, if it was to look later.
     fn looked_after_by(self: &Arc<Self>, at: Instant) {
         let mut care = self.care();
@@ -202,11 +264,7 @@ impl Acquisition {
         turn: Option<ClientTurn>,
     ) -> Finishing<Result<Released, LockError>, NothingMore> {
         self.released.store(true, Ordering::Relaxed);
-        match std::mem::replace(&mut *self.care(), Care::Ended) {
-            Care::Scheduled(due) => self.holds.keeper.forget(due),
-            Care::Kept(task) => task.abort(),
-            Care::Ended => {}
-        }
+        self.stop_care();
         self.lease.end();
         let keep = self
             .hold_until

@@ -1,11 +1,12 @@
-//! The client's lease keeper: one task that wakes when a hold has lasted long enough
-//! to need looking after (a third of a watchdog lease, or a fixed lease's end), and
-//! only then gives that hold a task of its own, which renews it (with the watchdog)
-//! and gives up the client's turn once it is lost. A hold released sooner, as most
-//! are, costs an insert and a remove here, and wakes no thread.
+//! The client's lease keeper: one task that wakes when holds have lasted long enough
+//! to need looking after (a third of a watchdog lease, or a lease's end). It renews
+//! the watchdog leases that fall due together in one request, per hash slot of at
+//! most a few hundred locks, and gives up the client's turn for a hold whose lease
+//! ended. A hold released sooner, as most are, costs an insert and a remove here,
+//! and wakes no thread.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
@@ -15,21 +16,34 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::acquisition::Acquisition;
+use crate::backend::Renewing;
 use crate::telemetry;
 
-/// How long the keeper sleeps at most while holds are pending, so that a new hold
-/// due later than that needs no wake-up.
+/// How long the keeper sleeps at most while holds are pending or new ones keep
+/// coming, so that a new hold due later than that needs no wake-up.
+///
+/// The tick also keeps a timer armed while the client is in use: tokio wakes a
+/// parked thread whenever a timer is armed earlier than every other one, and each
+/// request arms one (its bound), so with no timer pending each request would cost
+/// a thread wake-up.
 const TICK: Duration = Duration::from_secs(1);
+
+/// How much sooner than due the keeper renews a lease, at most, to renew it with
+/// others that fall due then: a quarter of the time between renewals, and no more
+/// than this.
+pub(super) const EARLY_AT_MOST: Duration = Duration::from_millis(100);
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// An entry in the schedule: when, and a tie-breaker.
 pub(super) type Due = (Instant, u64);
 
-/// Who looks after a hold's lease.
+/// Whether the keeper looks after a hold's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Care {
+    /// At this entry of the schedule, or, once it is taken from there, while its
+    /// renewal is on its way.
     Scheduled(Due),
-    Kept(JoinHandle<()>),
     Ended,
 }
 
@@ -37,6 +51,8 @@ pub(super) enum Care {
 pub(super) struct Keeper {
     schedule: Mutex<BTreeMap<Due, Weak<Acquisition>>>,
     entries: AtomicU64,
+    /// Whether a hold started since the keeper last looked.
+    in_use: AtomicBool,
     /// When the keeper task looks next, in nanoseconds since `EPOCH`; `u64::MAX`
     /// while it waits for work.
     looks_at: AtomicU64,
@@ -53,6 +69,7 @@ impl Keeper {
         runtime: &Handle,
     ) -> Due {
         let due = (at, self.entries.fetch_add(1, Ordering::Relaxed));
+        self.in_use.store(true, Ordering::Relaxed);
         self.schedule().insert(due, Arc::downgrade(hold));
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
         // A task on a runtime that has shut down is gone: start one where we are.
@@ -73,6 +90,32 @@ impl Keeper {
     fn schedule(&self) -> std::sync::MutexGuard<'_, BTreeMap<Due, Weak<Acquisition>>> {
         self.schedule.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Takes from the schedule the holds due by `now`, and those due a little later
+    /// that are worth renewing now with them.
+    fn take_due(&self, now: Instant) -> Vec<(Due, Arc<Acquisition>)> {
+        let soon: Vec<(Due, Weak<Acquisition>)> = self
+            .schedule()
+            .range(..=(now + EARLY_AT_MOST, u64::MAX))
+            .map(|(&due, hold)| (due, hold.clone()))
+            .collect();
+        // Looked at outside the lock: the last reference to a hold, dropped here,
+        // releases it, which takes its entry out of the schedule.
+        let mut taken = Vec::new();
+        let mut gone = Vec::new();
+        for (due, hold) in soon {
+            match hold.upgrade() {
+                Some(hold) if due.0 <= now + hold.renewable_early() => taken.push((due, hold)),
+                Some(_) => {}
+                None => gone.push(due),
+            }
+        }
+        let mut schedule = self.schedule();
+        for due in taken.iter().map(|(due, _)| due).chain(&gone) {
+            schedule.remove(due);
+        }
+        taken
+    }
 }
 
 impl Drop for Keeper {
@@ -92,18 +135,21 @@ async fn look_after(keeper: Weak<Keeper>) {
     loop {
         let Some(this) = keeper.upgrade() else { return };
         let now = Instant::now();
-        let mut ready = Vec::new();
-        let next = {
-            let mut schedule = this.schedule();
-            while let Some(entry) = schedule.first_entry().filter(|entry| entry.key().0 <= now) {
-                ready.push(entry.remove());
+        let mut renewing = Vec::new();
+        for (due, hold) in this.take_due(now) {
+            if let Some(lease) = hold.looked_at(due) {
+                renewing.push((hold, lease));
             }
-            schedule.first_key_value().map(|(due, _)| due.0)
-        };
-        for hold in ready.iter().filter_map(Weak::upgrade) {
-            keep(&hold);
         }
-        let wake_at = next.map(|next| next.min(now + TICK));
+        if !renewing.is_empty() {
+            tokio::spawn(renew(renewing));
+        }
+        let next = this.schedule().first_key_value().map(|(due, _)| due.0);
+        let in_use = this.in_use.swap(false, Ordering::Relaxed);
+        let wake_at = match next {
+            Some(next) => Some(next.min(now + TICK)),
+            None => in_use.then_some(now + TICK),
+        };
         this.looks_at
             .store(wake_at.map_or(u64::MAX, nanos), Ordering::Release);
         // An entry scheduled before we published when we look next did not wake us.
@@ -134,68 +180,40 @@ fn nanos(at: Instant) -> u64 {
         .unwrap_or(u64::MAX - 1)
 }
 
-/// Gives a hold that has lasted a task of its own, unless it ended meanwhile.
-fn keep(hold: &Arc<Acquisition>) {
-    let mut care = hold.care();
-    if let Care::Scheduled(_) = &*care {
-        let keeping = keep_until_lost(Arc::downgrade(hold));
-        *care = Care::Kept(hold.runtime.spawn(keeping));
-    }
-}
-
-/// With the watchdog, renews the lease every third of it; once the lease is over,
-/// lets the client's next task in line go to Redis even if the guard lives on.
-/// Aborted when the hold ends.
-async fn keep_until_lost(hold: Weak<Acquisition>) {
-    let Some(lease_over) = hold.upgrade().map(|hold| hold.lease.watch_end()) else {
-        return;
-    };
-    let renewing = async {
-        renew_while_held(&hold).await;
-        std::future::pending().await
-    };
-    tokio::select! {
-        () = renewing => {}
-        () = lease_over => {}
-    }
-    if let Some(hold) = hold.upgrade() {
-        hold.mark_lost();
-    }
-}
-
-/// Renewal errors are retried until the lease has run out (counted as the failed
-/// renewals may have left it); a refusal means the lock is gone.
-async fn renew_while_held(hold: &Weak<Acquisition>) {
-    let Some((lease, renew_until, mut next)) = hold.upgrade().and_then(|hold| {
-        let lease = hold.watchdog_lease?;
-        let renew_until = hold.max_hold.map(|max_hold| hold.acquired_at + max_hold);
-        Some((lease, renew_until, hold.acquired_at + lease / 3))
-    }) else {
-        return;
-    };
-    let every = lease / 3;
-    let retry_every = (every / 4).max(Duration::from_millis(5));
-    loop {
-        if renew_until.is_some_and(|until| next >= until) {
-            return;
+/// Renews `holds` together, each for its lease, and schedules each again: at its
+/// next renewal, soon after an error, or never once its lock is gone.
+async fn renew(holds: Vec<(Arc<Acquisition>, Duration)>) {
+    let backend = holds[0].0.holds.backend.clone();
+    let sent_at = Instant::now();
+    let renewals = holds
+        .iter()
+        .map(|(hold, lease)| Renewing {
+            name: hold.name.clone(),
+            token: hold.token.clone(),
+            lease: *lease,
+        })
+        .collect();
+    let pending: Vec<_> = holds
+        .iter()
+        .map(|(hold, lease)| hold.lease.renewal(sent_at, *lease))
+        .collect();
+    let answers = backend.renew_many(renewals).await;
+    for (((hold, lease), renewal), answer) in holds.iter().zip(pending).zip(answers) {
+        if hold.is_released() {
+            continue;
         }
-        tokio::time::sleep_until(next).await;
-        let Some(hold) = hold.upgrade() else { return };
-        let sent_at = Instant::now();
-        let renewal = hold.lease.renewal(sent_at, lease);
-        let backend = &hold.holds.backend;
-        match backend.renew(&hold.name, &hold.token, lease).await {
+        let every = *lease / 3;
+        match answer {
             Ok(renewed) => match renewal.answered(renewed) {
-                true => next = sent_at + every,
-                false => return hold.mark_lost(),
+                true => hold.look_again_at(sent_at + every),
+                false => hold.lose(),
             },
             Err(error) => {
+                // Counted as Redis may have applied it, or may still.
                 drop(renewal);
-                if !hold.lease.is_valid() {
-                    return hold.mark_lost();
-                }
                 telemetry::renewal_failed(&hold.name.key, &error);
-                next = Instant::now() + retry_every;
+                let retry_every = (every / 4).max(Duration::from_millis(5));
+                hold.look_again_at(Instant::now() + retry_every);
             }
         }
     }

@@ -50,6 +50,11 @@ impl Lease {
         Instant::now() < self.validity.borrow().until
     }
 
+    /// When the hold stops being known valid, as things stand.
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.validity.borrow().until
+    }
+
     /// A renewal for `lease`, sent now or at `sent_at`, just before the request.
     pub(crate) fn renewal(&self, sent_at: Instant, lease: Duration) -> Renewal<'_> {
         Renewal {
@@ -63,9 +68,14 @@ impl Lease {
     /// Moves the end to `lease` after `sent_at`, when the renewal that Redis applied
     /// was sent; no further than an unanswered renewal could leave it. Refused once
     /// the lease has run out: a late answer revives nothing.
+    ///
+    /// Those watching for the end are told only of an earlier end: one that sleeps
+    /// until the end it knew finds a later one when it wakes.
     fn renewed(&self, sent_at: Instant, lease: Duration) -> bool {
+        let mut valid = false;
         self.validity.send_if_modified(|validity| {
-            let valid = Instant::now() < validity.until;
+            let was_until = validity.until;
+            valid = Instant::now() < was_until;
             if valid {
                 let lease = validity
                     .unanswered
@@ -80,8 +90,9 @@ impl Lease {
                     validity.until = validity.until.min(until);
                 }
             }
-            valid
-        })
+            validity.until < was_until
+        });
+        valid
     }
 
     /// A renewal for `lease` sent at `sent_at` got no answer: the lease lasts no

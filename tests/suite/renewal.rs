@@ -1,0 +1,67 @@
+//! The watchdog renews the leases that fall due together in one request, and tells
+//! each lock of the request what happened to it.
+
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockGuard, LockOptions};
+use lock_tests::{CountingProxy, RedisServer};
+use tokio::task::JoinSet;
+
+const LOCKS: usize = 100;
+
+async fn hold_many(client: &LockClient, lease: Duration) -> Vec<LockGuard> {
+    let options = LockOptions::new().lease(lease).watchdog(true);
+    let mut taking = JoinSet::new();
+    for lock in 0..LOCKS {
+        let (client, options) = (client.clone(), options.clone());
+        taking.spawn(async move {
+            (
+                lock,
+                client.acquire(&format!("kept:{lock}"), &options).await,
+            )
+        });
+    }
+    let mut guards: Vec<Option<LockGuard>> = (0..LOCKS).map(|_| None).collect();
+    while let Some(taken) = taking.join_next().await {
+        let (lock, guard) = taken.unwrap();
+        guards[lock] = Some(guard.unwrap());
+    }
+    guards.into_iter().map(Option::unwrap).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_that_fall_due_together_are_renewed_in_one_request() {
+    let redis = RedisServer::start();
+    let proxy = CountingProxy::start(redis.port()).await;
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let operator = LockClient::connect(&redis.url()).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let guards = hold_many(&client, lease).await;
+    proxy.take();
+
+    // Two leases long: without renewals every lock would be gone; with them, each
+    // lock is renewed about six times.
+    tokio::time::sleep(2 * lease).await;
+    let requests = proxy.take().total();
+    assert!(
+        requests <= 20,
+        "{requests} requests renewed {LOCKS} locks about six times each"
+    );
+    for (lock, guard) in guards.iter().enumerate() {
+        assert!(guard.is_held(), "kept:{lock} was lost");
+        let left = operator.lease_left(&format!("kept:{lock}")).await.unwrap();
+        assert!(left.is_some(), "kept:{lock} is no longer in Redis");
+    }
+
+    // One lock taken from its holder: its renewal in the next request is refused,
+    // and it alone is lost.
+    assert!(operator.force_unlock("kept:7").await.unwrap());
+    tokio::time::timeout(lease / 2, guards[7].lost())
+        .await
+        .expect("the lock taken away is known lost by its next renewal");
+    tokio::time::sleep(lease).await;
+    for (lock, guard) in guards.iter().enumerate().filter(|(lock, _)| *lock != 7) {
+        assert!(guard.is_held(), "kept:{lock} was lost with kept:7");
+    }
+    assert!(!guards[7].is_held());
+}
