@@ -33,6 +33,8 @@ pub struct ServerVersion {
 /// A server of its own ([`server_binary`]), on a free loopback port, keeping nothing
 /// on disk unless asked. Killed, and its folder removed, when dropped.
 pub struct RedisServer {
+    /// The server binary, [`server_binary`] unless started as another.
+    binary: &'static str,
     port: u16,
     dir: PathBuf,
     args: Vec<String>,
@@ -53,20 +55,26 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (`["--appendonly", "yes"]`).
     pub fn start_with(args: &[&str]) -> RedisServer {
-        Self::start_as(None, None, None, args)
+        Self::start_as(server_binary(), None, None, None, args)
+    }
+
+    /// Starts `binary` (`valkey-server`, say) instead of [`server_binary`], with no
+    /// persistence: for comparing servers in one process.
+    pub fn start_binary(binary: &'static str) -> RedisServer {
+        Self::start_as(binary, None, None, None, &[])
     }
 
     /// Starts a server that requires `password`, and uses it as a replica too.
     pub fn start_with_password(password: &str, args: &[&str]) -> RedisServer {
         let auth = ["--requirepass", password, "--masterauth", password];
         let args: Vec<&str> = auth.iter().chain(args).copied().collect();
-        Self::start_as(None, Some(password), None, &args)
+        Self::start_as(server_binary(), None, Some(password), None, &args)
     }
 
     /// Starts a server that speaks TLS only, with the certificate that `ca` signed
     /// for `127.0.0.1`. Clients need no certificate of their own.
     pub fn start_with_tls(ca: &Arc<TestCa>, args: &[&str]) -> RedisServer {
-        Self::start_as(None, None, Some(ca), args)
+        Self::start_as(server_binary(), None, None, Some(ca), args)
     }
 
     /// Starts a Sentinel watching the primary `name` at `primary_port`, which it
@@ -93,10 +101,11 @@ impl RedisServer {
                  sentinel sentinel-pass {password}\n"
             ));
         }
-        Self::start_as(Some(config), password, tls, &[])
+        Self::start_as(server_binary(), Some(config), password, tls, &[])
     }
 
     fn start_as(
+        binary: &'static str,
         sentinel_config: Option<String>,
         password: Option<&str>,
         tls: Option<&Arc<TestCa>>,
@@ -114,6 +123,7 @@ impl RedisServer {
                 args.extend(ca.server_args());
             }
             let mut server = RedisServer {
+                binary,
                 port,
                 dir,
                 args,
@@ -126,7 +136,6 @@ impl RedisServer {
                 return server;
             }
         }
-        let binary = server_binary();
         if tls.is_some() && !binary_serves_tls() {
             panic!(
                 "{binary} was built without TLS, so the TLS tests cannot run on it; \
@@ -195,15 +204,14 @@ impl RedisServer {
         if let Err(status) = self.launch() {
             panic!(
                 "{} on port {} exited at start: {status}",
-                server_binary(),
-                self.port
+                self.binary, self.port
             );
         }
     }
 
     /// Starts the process and waits until it answers, or until it exits.
     fn launch(&mut self) -> Result<(), std::process::ExitStatus> {
-        let binary = server_binary();
+        let binary = self.binary;
         let mut command = Command::new(binary);
         if let Some(config) = &self.sentinel_config {
             let file = self.dir.join("sentinel.conf");
@@ -356,7 +364,7 @@ impl RedisServer {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "{} on port {} did not answer within 10 s",
-                server_binary(),
+                self.binary,
                 self.port
             );
             std::thread::sleep(Duration::from_millis(10));
