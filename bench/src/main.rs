@@ -3,10 +3,12 @@
 //! BENCHMARKS.md. See `--help`.
 
 mod chart;
+mod holding;
 mod peers;
 mod replicas;
 mod report;
 mod scenarios;
+mod servers;
 mod stats;
 mod worker;
 
@@ -15,6 +17,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use lock_tests::RedisServer;
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 use crate::peers::PeerKind;
 use crate::report::{Measured, Report, ScenarioResult};
@@ -34,12 +37,23 @@ usage: lock-bench [--out PATH] [--quick] [--rounds N] [--raw-retry-ms MS] [--onl
   --rounds N         rounds of every scenario (default 7 uncontended, 5 contended)
   --raw-retry-ms MS  the raw protocol's sleep between tries (default 10)
   --only SLUGS       run only these scenarios: uncontended-1, uncontended-64, hot-16,
-                     hot-256, hot-1000, processes-4x64
+                     hot-256, hot-1000, processes-4x64, keeping (10,000 and 50,000
+                     locks held by one client)
   --peers IDS        run only these implementations: library, library-fixed (a fixed
                      10 s lease, no watchdog), raw, raw-careful (one connection, no
                      timeout, uuid tokens), rslock, rslock-fast, serial (no lock: the
                      hot-key section by one task, the ceiling)
 ";
+
+/// The allocator, counting, so that each run can report its allocations.
+#[global_allocator]
+static ALLOCATOR: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
+
+/// The bytes the process has allocated and not freed.
+fn heap_in_use() -> isize {
+    let stats = ALLOCATOR.stats();
+    stats.bytes_allocated as isize - stats.bytes_deallocated as isize
+}
 
 struct Options {
     out: Option<PathBuf>,
@@ -315,9 +329,26 @@ async fn bench(options: &Options) -> Report {
         true => replicas::replica_sync(&scenarios, options.raw_retry).await,
         false => String::new(),
     };
+    let valkey = match options.peers.contains(&PeerKind::LibraryFixed)
+        && options.peers.contains(&PeerKind::RawCareful)
+    {
+        true => servers::valkey_beside_redis(&scenarios, options.raw_retry).await,
+        false => String::new(),
+    };
+    let keeping = options
+        .only
+        .as_ref()
+        .is_none_or(|only| only.iter().any(|slug| slug == "keeping"));
+    let keeping = match (keeping, options.quick) {
+        (false, _) => String::new(),
+        (true, true) => holding::keeping_many_locks(&[1_000]).await,
+        (true, false) => holding::keeping_many_locks(&[10_000, 50_000]).await,
+    };
     Report {
         results,
         replica_sync,
+        valkey,
+        keeping,
         raw_retry: options.raw_retry,
         redis_version: redis_version(&server),
         cores: std::thread::available_parallelism().map_or(0, usize::from),

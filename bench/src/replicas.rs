@@ -53,14 +53,7 @@ pub(crate) async fn replica_sync(scenarios: &[Scenario], raw_retry: Duration) ->
                     false => (&on_alone, &alone),
                 };
                 let waits_before = server.calls("wait");
-                let (tally, elapsed) = participant
-                    .run(
-                        &prefix,
-                        scenario.tasks,
-                        scenario.sections,
-                        scenario.contention,
-                    )
-                    .await;
+                let (tally, elapsed) = participant.run_scenario(&prefix, scenario).await;
                 let rate = tally.completed as f64 / elapsed.as_secs_f64();
                 eprintln!(
                     "replica sync: {:<15} {:<12} {rate:>9.0}/s",

@@ -23,6 +23,10 @@ pub(crate) struct Report {
     pub(crate) results: Vec<ScenarioResult>,
     /// The "Replica sync" section, written apart.
     pub(crate) replica_sync: String,
+    /// The "Valkey beside Redis" section, when it ran.
+    pub(crate) valkey: String,
+    /// The "Keeping many locks" section, when it ran.
+    pub(crate) keeping: String,
     pub(crate) raw_retry: Duration,
     pub(crate) redis_version: String,
     pub(crate) cores: usize,
@@ -96,6 +100,19 @@ impl Measured {
             .iter()
             .filter(|run| run.tally.completed > 0)
             .filter_map(|run| Some(run.tally.usage?.switches as f64 / run.tally.completed as f64))
+            .collect();
+        median(&values)
+    }
+
+    /// The median over the rounds of the client's heap allocations per section.
+    fn allocations_per_section(&self) -> Option<f64> {
+        let values: Vec<f64> = self
+            .rounds
+            .iter()
+            .filter(|run| run.tally.completed > 0)
+            .filter_map(|run| {
+                Some(run.tally.usage?.allocations as f64 / run.tally.completed as f64)
+            })
             .collect();
         median(&values)
     }
@@ -184,19 +201,91 @@ impl ScenarioResult {
 
     /// This library's median over `kind`'s.
     fn ratio_to(&self, kind: PeerKind) -> Option<f64> {
-        Some(self.library()? / self.peer(kind).median()?).filter(|ratio| ratio.is_finite())
+        self.ratio(PeerKind::Library, kind)
     }
 
-    /// The library's throughput over `kind`'s in each round, both run back to back.
-    fn ratios_by_round(&self, kind: PeerKind) -> Vec<f64> {
-        let library = self.peer(PeerKind::Library).throughputs();
+    /// `ours`'s median over `kind`'s.
+    fn ratio(&self, ours: PeerKind, kind: PeerKind) -> Option<f64> {
+        Some(self.peer(ours).median()? / self.peer(kind).median()?).filter(|r| r.is_finite())
+    }
+
+    /// `ours`'s throughput over `kind`'s in each round, both run back to back.
+    fn ratios_by_round(&self, ours: PeerKind, kind: PeerKind) -> Vec<f64> {
+        let ours = self.peer(ours).throughputs();
         let other = self.peer(kind).throughputs();
-        library
-            .iter()
+        ours.iter()
             .zip(&other)
             .filter(|(_, other)| **other > 0.0)
-            .map(|(library, other)| library / other)
+            .map(|(ours, other)| ours / other)
             .collect()
+    }
+}
+
+/// A goal of issue 19: `ours` at `at_least` times what it is compared with.
+struct Goal {
+    slug: &'static str,
+    ours: PeerKind,
+    against: Against,
+    at_least: f64,
+    /// An earlier issue's goal, kept.
+    holds: bool,
+}
+
+#[derive(Clone, Copy)]
+enum Against {
+    Peer(PeerKind),
+    BestRslock,
+    SerialLimitBest,
+}
+
+const GOALS: [Goal; 9] = [
+    Goal::new(
+        "uncontended-1",
+        PeerKind::LibraryFixed,
+        Against::Peer(PeerKind::RawCareful),
+        0.95,
+    ),
+    Goal::new(
+        "uncontended-64",
+        PeerKind::LibraryFixed,
+        Against::Peer(PeerKind::RawCareful),
+        0.95,
+    ),
+    Goal::held("hot-256", PeerKind::Library, Against::BestRslock, 5.0),
+    Goal::held("hot-256", PeerKind::Library, Against::SerialLimitBest, 0.5),
+    Goal::new("hot-1000", PeerKind::Library, Against::BestRslock, 4.0),
+    Goal::new("hot-1000", PeerKind::Library, Against::SerialLimitBest, 0.6),
+    Goal::new("hot-256", PeerKind::LibraryFixed, Against::BestRslock, 4.0),
+    Goal::held(
+        "processes-4x64",
+        PeerKind::Library,
+        Against::BestRslock,
+        3.0,
+    ),
+    Goal::new(
+        "processes-4x64",
+        PeerKind::LibraryFixed,
+        Against::BestRslock,
+        3.5,
+    ),
+];
+
+impl Goal {
+    const fn new(slug: &'static str, ours: PeerKind, against: Against, at_least: f64) -> Goal {
+        Goal {
+            slug,
+            ours,
+            against,
+            at_least,
+            holds: false,
+        }
+    }
+
+    const fn held(slug: &'static str, ours: PeerKind, against: Against, at_least: f64) -> Goal {
+        Goal {
+            holds: true,
+            ..Goal::new(slug, ours, against, at_least)
+        }
     }
 }
 
@@ -227,6 +316,8 @@ impl Report {
         self.write_shares(&mut out);
         self.write_targets(&mut out);
         out.push_str(&self.replica_sync);
+        out.push_str(&self.valkey);
+        out.push_str(&self.keeping);
         self.write_method(&mut out);
         self.write_breakdown(&mut out);
         self.write_rounds(&mut out);
@@ -510,265 +601,125 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
     fn write_targets(&self, out: &mut String) {
         let _ = writeln!(
             out,
-            "## Targets (issue 10)\n\n\
-             Where a target compares two implementations, it is met only when both the \
-             ratio of their medians and the median of the round-by-round ratios (each \
-             round runs them back to back) reach it.\n"
+            "## Targets (issue 19)\n\n\
+             Each goal compares two implementations run back to back in the same rounds. \
+             It is met only when both the ratio of their medians and the median of the \
+             round-by-round ratios reach it. Against the serial limit, the ceiling is its \
+             best round. \"Holds\" rows keep an earlier goal (issue 10's).\n\n\
+             | Scenario | Ours | Against | Ratio of medians | Median of the rounds' ratios | Goal | |\n\
+             |---|---|---|--:|--:|--:|---|"
         );
-        self.write_uncontended_target(out);
-        self.write_one_client_target(out);
-        self.write_processes_target(out);
+        for goal in &GOALS {
+            let _ = writeln!(out, "{}", self.goal_row(goal));
+        }
         let _ = writeln!(
             out,
-            "4. **The flash-sale demo over Redis at least 0.8× the demo on the memory \
-             store.** Not measured by this bench: `scripts/demo` measures it.\n"
+            "\nThe flash-sale demo over Redis at 0.8× or more of the demo in memory is \
+             measured by `scripts/demo`, not here.\n"
         );
+        self.write_everyday_pair(out);
         self.write_counters_check(out);
     }
 
-    fn write_uncontended_target(&self, out: &mut String) {
-        let mut lines = Vec::new();
-        for (slug, what) in [("uncontended-1", "1 task"), ("uncontended-64", "64 tasks")] {
+    fn goal_row(&self, goal: &Goal) -> String {
+        let scenario = goal.slug;
+        let Some(result) = self.result(goal.slug) else {
+            return format!(
+                "| {scenario} | {} | | | | {} | not measured in this run |",
+                self.label(goal.ours),
+                ratio(goal.at_least)
+            );
+        };
+        let ours = result.peer(goal.ours);
+        let (against, of_medians, rounds) = match goal.against {
+            Against::Peer(peer) => (
+                Some(peer),
+                result.ratio(goal.ours, peer),
+                result.ratios_by_round(goal.ours, peer),
+            ),
+            Against::BestRslock => match result.best_rslock() {
+                Some(best) => (
+                    Some(best),
+                    result.ratio(goal.ours, best),
+                    result.ratios_by_round(goal.ours, best),
+                ),
+                None => (None, None, Vec::new()),
+            },
+            Against::SerialLimitBest => {
+                let best = result.peer(PeerKind::SerialLimit).best();
+                let of_best = ours.median().zip(best).map(|(ours, best)| ours / best);
+                (
+                    Some(PeerKind::SerialLimit),
+                    of_best,
+                    of_best.into_iter().collect(),
+                )
+            }
+        };
+        let (_, verdict) = settle(of_medians, &rounds, goal.at_least);
+        let against = match (goal.against, against) {
+            (Against::SerialLimitBest, _) => "the serial limit's best round".to_owned(),
+            (Against::BestRslock, Some(best)) => format!("rslock's best: {}", self.label(best)),
+            (_, Some(peer)) => self.label(peer),
+            (_, None) => "n/a".to_owned(),
+        };
+        format!(
+            "| {} | {} | {against} | {} | {} | {}{} | {verdict} |",
+            result.scenario.name,
+            self.label(goal.ours),
+            of_medians.map_or("n/a".to_owned(), ratio),
+            median(&rounds).map_or("n/a".to_owned(), ratio),
+            ratio(goal.at_least),
+            if goal.holds { " (holds)" } else { "" },
+        )
+    }
+
+    /// What one uncontended acquire-and-release pair costs each implementation.
+    fn write_everyday_pair(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "### The everyday pair, broken down\n\n\
+             Per acquire-and-release pair, medians of the timed rounds: the wall time of \
+             each call, the CPU the client process and redis-server used, the times the \
+             client's threads were put on a CPU (each one a thread woken or preempted), \
+             the client's heap allocations, and Redis's own time for the pair's commands \
+             (`INFO commandstats`, from the counting pass). Timers armed, by \
+             construction rather than measured: lock-runtime one per request, its bound \
+             (none of which wakes a thread while the client is in use); the careful raw \
+             protocol none; raw through a `ConnectionManager` with a response timeout one \
+             per request.\n\n\
+             | Scenario | Implementation | Acquire p50 | Release p50 | Client CPU | Redis CPU | Thread switches | Allocations | Redis's time |\n\
+             |---|---|--:|--:|--:|--:|--:|--:|--:|"
+        );
+        for slug in ["uncontended-1", "uncontended-64"] {
             let Some(result) = self.result(slug) else {
-                lines.push(format!("{what}: not measured in this run"));
                 continue;
             };
-            let measured = result.ratio_to(PeerKind::Raw);
-            let rounds = result.ratios_by_round(PeerKind::Raw);
-            let (met, mut verdict) = settle(measured, &rounds, 0.95);
-            let pair_p50 = |kind: PeerKind| {
-                let measured = result.peer(kind);
-                Some(measured.waits()?.p50 + measured.release_p50()?)
-            };
-            let by_latency = pair_p50(PeerKind::Raw)
-                .zip(pair_p50(PeerKind::Library))
-                .map(|(raw, library)| raw.as_secs_f64() / library.as_secs_f64());
-            let contradicted = met && by_latency.is_some_and(|r| r < 0.95);
-            if let (true, Some(by_latency)) = (contradicted, by_latency) {
-                verdict = format!(
-                    "{verdict} by throughput, not by latency: the p50 acquire plus p50 \
-                     release of a pair is {} of raw's",
-                    ratio(by_latency)
+            for measured in result.peers.iter().filter(|measured| measured.ran()) {
+                let (client_cpu, redis_cpu) = measured.cpu_per_section();
+                let na = || "n/a".to_owned();
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    result.scenario.name,
+                    self.label(measured.kind),
+                    measured.waits().map_or_else(na, |w| micros(w.p50)),
+                    measured.release_p50().map_or_else(na, micros),
+                    client_cpu.map_or_else(na, micros),
+                    redis_cpu.map_or_else(na, micros),
+                    measured
+                        .switches_per_section()
+                        .map_or_else(na, |n| format!("{n:.1}")),
+                    measured
+                        .allocations_per_section()
+                        .map_or_else(na, |n| format!("{n:.1}")),
+                    measured
+                        .counted()
+                        .and_then(Counted::server_time_per_section)
+                        .map_or_else(na, micros),
                 );
             }
-            lines.push(format!(
-                "{what}: {} ({} against {} pairs/s; round by round {}) — {verdict}",
-                measured.map_or("n/a".to_owned(), ratio),
-                result.library().map_or("n/a".to_owned(), rate),
-                result
-                    .peer(PeerKind::Raw)
-                    .median()
-                    .map_or("n/a".to_owned(), rate),
-                by_round(&rounds, 0.95),
-            ));
-            if !met || contradicted {
-                let per_pair = |kind: PeerKind| {
-                    let measured = result.peer(kind);
-                    let (client_cpu, redis_cpu) = measured.cpu_per_section();
-                    format!(
-                        "acquire p50 {}, release p50 {}, CPU {} in the client ({} thread \
-                         switches) and {} in redis-server",
-                        measured.waits().map_or("n/a".to_owned(), |w| micros(w.p50)),
-                        measured.release_p50().map_or("n/a".to_owned(), micros),
-                        client_cpu.map_or("n/a".to_owned(), micros),
-                        measured
-                            .switches_per_section()
-                            .map_or("n/a".to_owned(), |n| format!("{n:.1}")),
-                        redis_cpu.map_or("n/a".to_owned(), micros),
-                    )
-                };
-                lines.push(format!(
-                    "{what}, per pair: lock-runtime {}; raw {}",
-                    per_pair(PeerKind::Library),
-                    per_pair(PeerKind::Raw)
-                ));
-            }
         }
-        let _ = writeln!(
-            out,
-            "1. **Uncontended, 1 and 64 tasks: at least 0.95× raw.**\n{}",
-            bullets(&lines)
-        );
-    }
-
-    fn write_one_client_target(&self, out: &mut String) {
-        let mut lines = Vec::new();
-        for (slug, what) in [("hot-256", "256 tasks"), ("hot-1000", "1,000 tasks")] {
-            let Some(result) = self.result(slug) else {
-                lines.push(format!("{what}: not measured in this run"));
-                continue;
-            };
-            let mut missed = Vec::new();
-            let (line, met) = self.against_rslock(result, what, 5.0);
-            lines.push(line);
-            if !met {
-                missed.extend(result.best_rslock());
-            }
-            let (line, met) = self.against_serial_limit(result, what, 0.5);
-            lines.push(line);
-            if !met {
-                missed.push(PeerKind::SerialLimit);
-            }
-            if !missed.is_empty() {
-                lines.push(self.cost_of_a_section(result, &missed));
-            }
-        }
-        let _ = writeln!(
-            out,
-            "2. **Hot key, one client, 256 and 1,000 tasks: at least 5× rslock's best \
-             setting, and at least 0.5× the lock-free serial limit, taking its best round \
-             as the ceiling.**\n{}",
-            bullets(&lines)
-        );
-    }
-
-    fn write_processes_target(&self, out: &mut String) {
-        let title = "3. **Hot key, 4 processes × 64 tasks: at least 3× rslock's best; at \
-                     most 3 top-level requests per section; every process between 0.5× and \
-                     2× its fair share of sections; wait p99 reported.**";
-        let Some(result) = self.result("processes-4x64") else {
-            let _ = writeln!(out, "{title}\n   - not measured in this run\n");
-            return;
-        };
-        let mut lines = Vec::new();
-        let (line, met) = self.against_rslock(result, "speed", 3.0);
-        lines.push(line);
-        if !met {
-            let others: Vec<PeerKind> = result.best_rslock().into_iter().collect();
-            lines.push(self.cost_of_a_section(result, &others));
-        }
-        let library = result.peer(PeerKind::Library);
-        lines.push(match library.per_section() {
-            Some(per_section) => format!(
-                "requests: {per_section:.2} top-level requests per section, the section's \
-                 own GET and SET included ({}) — {}",
-                breakdown(library).unwrap_or_default(),
-                verdict(per_section <= 3.0)
-            ),
-            None => "requests: not counted — **not measured**".to_owned(),
-        });
-        let shares: Vec<f64> = library
-            .rounds
-            .iter()
-            .flat_map(|run| run.tally.shares.iter().copied())
-            .collect();
-        lines.push(if shares.is_empty() {
-            "shares: none measured — **not measured**".to_owned()
-        } else {
-            let lowest = shares.iter().copied().fold(f64::INFINITY, f64::min);
-            let highest = shares.iter().copied().fold(0.0, f64::max);
-            let outside = shares
-                .iter()
-                .filter(|&&share| !(0.5..=2.0).contains(&share))
-                .count();
-            format!(
-                "shares: lowest {lowest:.2}, highest {highest:.2}; {outside} of {} \
-                 process-rounds outside 0.5–2 (see Shares per process) — {}",
-                shares.len(),
-                verdict(outside == 0)
-            )
-        });
-        let waits = |measured: &Measured| {
-            measured.waits().map_or("n/a".to_owned(), |w| {
-                format!(
-                    "p99 {} (p50 {}, max {})",
-                    millis(w.p99),
-                    millis(w.p50),
-                    millis(w.max)
-                )
-            })
-        };
-        let mut wait_line = format!("wait: lock-runtime {}", waits(library));
-        if let Some(best) = result.best_rslock() {
-            let _ = write!(
-                wait_line,
-                "; {} {}",
-                self.label(best),
-                waits(result.peer(best))
-            );
-        }
-        lines.push(wait_line);
-        let _ = writeln!(out, "{title}\n{}", bullets(&lines));
-    }
-
-    /// lock-runtime against rslock's best setting in `result`, and whether it met
-    /// `target`.
-    fn against_rslock(&self, result: &ScenarioResult, what: &str, target: f64) -> (String, bool) {
-        let Some(best) = result.best_rslock() else {
-            return (
-                format!("{what}: rslock has no result — **not measured**"),
-                false,
-            );
-        };
-        let measured = result.ratio_to(best);
-        let rounds = result.ratios_by_round(best);
-        let (met, verdict) = settle(measured, &rounds, target);
-        let line = format!(
-            "{what}: {} rslock's best ({} against {} sections/s, the best being {}; \
-             round by round {}) — {verdict}",
-            measured.map_or("n/a".to_owned(), ratio),
-            result.library().map_or("n/a".to_owned(), rate),
-            result.peer(best).median().map_or("n/a".to_owned(), rate),
-            self.label(best),
-            by_round(&rounds, target),
-        );
-        (line, met)
-    }
-
-    /// lock-runtime's median against the serial limit's best round, and whether it
-    /// met `target`.
-    fn against_serial_limit(
-        &self,
-        result: &ScenarioResult,
-        what: &str,
-        target: f64,
-    ) -> (String, bool) {
-        let limit = result.peer(PeerKind::SerialLimit);
-        let (Some(library), Some(best)) = (result.library(), limit.best()) else {
-            return (
-                format!("{what}: the serial limit has no result — **not measured**"),
-                false,
-            );
-        };
-        let of_best = library / best;
-        let met = of_best >= target;
-        let line = format!(
-            "{what}: {} the serial limit's best round ({} against {} sections/s; against \
-             its median of {}: {}) — {}",
-            ratio(of_best),
-            rate(library),
-            rate(best),
-            limit.median().map_or("n/a".to_owned(), rate),
-            result
-                .ratio_to(PeerKind::SerialLimit)
-                .map_or("n/a".to_owned(), ratio),
-            verdict(met),
-        );
-        (line, met)
-    }
-
-    /// What a section cost lock-runtime and `others` in `result`: wall time, requests
-    /// and CPU, for a missed target.
-    fn cost_of_a_section(&self, result: &ScenarioResult, others: &[PeerKind]) -> String {
-        let cost = |kind: PeerKind| {
-            let measured = result.peer(kind);
-            let wall = measured
-                .median()
-                .map(|rate| micros(Duration::from_secs_f64(1.0 / rate)));
-            let requests = measured.per_section().map(|n| format!("{n:.2}"));
-            let (client, redis) = measured.cpu_per_section();
-            let cpu = client.zip(redis).map(|(c, r)| micros(c + r));
-            format!(
-                "{}: {} of wall time, {} requests and {} of CPU (client + Redis) per section",
-                self.label(kind),
-                wall.as_deref().unwrap_or("n/a"),
-                requests.as_deref().unwrap_or("n/a"),
-                cpu.as_deref().unwrap_or("n/a"),
-            )
-        };
-        let mut costs = vec![cost(PeerKind::Library)];
-        costs.extend(others.iter().copied().map(cost));
-        format!("measured: {}", costs.join("; "))
+        let _ = writeln!(out);
     }
 
     fn write_counters_check(&self, out: &mut String) {
@@ -827,10 +778,12 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
         );
         let _ = writeln!(
             out,
-            "- **{}**: `LockClient::connect` with the default `ClientConfig` (hand-off \
+            "- **{}**: lock-runtime with its default features (no `tracing`, no \
+             `metrics`), `LockClient::connect` with the default `ClientConfig` (hand-off \
              within a client: at most {} hand-offs within {} ms of a Redis acquisition), \
              then `acquire` and `release` with `LockOptions::new().timeout({} s)`: the \
-             default watchdog lease and unbounded retries within the timeout.",
+             default watchdog lease and unbounded retries within the timeout. Its fixed \
+             lease row takes `lease(10 s)` instead, with no watchdog.",
             self.label(PeerKind::Library),
             lock_runtime::DEFAULT_HAND_OFFS,
             lock_runtime::DEFAULT_HAND_OFF_WINDOW.as_millis(),
@@ -1019,22 +972,6 @@ fn settle(of_medians: Option<f64>, rounds: &[f64], target: f64) -> (bool, String
 
 fn verdict(met: bool) -> &'static str {
     if met { "**met**" } else { "**missed**" }
-}
-
-/// Round-by-round ratios, and how many fell short of `target` when the rounds
-/// disagree about it.
-fn by_round(values: &[f64], target: f64) -> String {
-    let short = values.iter().filter(|&&r| r < target).count();
-    let listed: Vec<String> = values.iter().map(|r| format!("{r:.2}")).collect();
-    let listed = listed.join(", ");
-    if short == 0 || short == values.len() {
-        listed
-    } else {
-        format!(
-            "{listed}: {short} of {} rounds below {target}×",
-            values.len()
-        )
-    }
 }
 
 fn bullets(lines: &[String]) -> String {

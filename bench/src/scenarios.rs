@@ -237,6 +237,21 @@ impl Participant {
         Ok(participant)
     }
 
+    /// `scenario` in this process.
+    pub(crate) async fn run_scenario(
+        &self,
+        prefix: &str,
+        scenario: &Scenario,
+    ) -> (Tally, Duration) {
+        self.run(
+            prefix,
+            scenario.tasks,
+            scenario.sections,
+            scenario.contention,
+        )
+        .await
+    }
+
     /// `tasks` tasks, released together, each running `sections` sections.
     pub(crate) async fn run(
         &self,
@@ -284,12 +299,14 @@ pub(crate) struct Usage {
     pub(crate) cpu: Duration,
     /// Each one a thread woken or preempted and scheduled again.
     pub(crate) switches: u64,
+    /// Heap allocations, by every thread of the process.
+    pub(crate) allocations: u64,
 }
 
 impl Usage {
     /// From Linux's per-thread schedstat (nanoseconds on CPU, then time waiting,
     /// then timeslices run); `None` elsewhere.
-    fn of_this_process() -> Option<Usage> {
+    pub(crate) fn of_this_process() -> Option<Usage> {
         let mut usage = Usage::default();
         for thread in std::fs::read_dir("/proc/self/task").ok()? {
             let Ok(stat) = std::fs::read_to_string(thread.ok()?.path().join("schedstat")) else {
@@ -303,13 +320,15 @@ impl Usage {
             usage.cpu += Duration::from_nanos(*fields.first()?);
             usage.switches += *fields.get(2)?;
         }
+        usage.allocations = crate::ALLOCATOR.stats().allocations as u64;
         Some(usage)
     }
 
-    fn since(self, earlier: Usage) -> Usage {
+    pub(crate) fn since(self, earlier: Usage) -> Usage {
         Usage {
             cpu: self.cpu.saturating_sub(earlier.cpu),
             switches: self.switches.saturating_sub(earlier.switches),
+            allocations: self.allocations.saturating_sub(earlier.allocations),
         }
     }
 
@@ -317,6 +336,7 @@ impl Usage {
         Usage {
             cpu: self.cpu + other.cpu,
             switches: self.switches + other.switches,
+            allocations: self.allocations + other.allocations,
         }
     }
 }
@@ -427,14 +447,7 @@ pub(crate) async fn run_once(
         unreachable!("an in-process run needs a connected participant");
     };
     before_start();
-    participant
-        .run(
-            prefix,
-            scenario.tasks,
-            scenario.sections,
-            scenario.contention,
-        )
-        .await
+    participant.run_scenario(prefix, scenario).await
 }
 
 /// Reads the hot key's counter after a run; `None` for scenarios without one.
@@ -691,8 +704,12 @@ pub(crate) fn format_done(tally: &Tally) -> String {
         .iter()
         .map(|wait| wait.as_micros().to_string())
         .collect();
-    let (cpu, switches) = tally.usage.map_or((-1, -1), |usage| {
-        (usage.cpu.as_micros() as i64, usage.switches as i64)
+    let (cpu, switches, allocations) = tally.usage.map_or((-1, -1, -1), |usage| {
+        (
+            usage.cpu.as_micros() as i64,
+            usage.switches as i64,
+            usage.allocations as i64,
+        )
     });
     let ends: Vec<String> = tally
         .ends
@@ -700,7 +717,7 @@ pub(crate) fn format_done(tally: &Tally) -> String {
         .map(|end| end.as_micros().to_string())
         .collect();
     format!(
-        "DONE {} {} {} {cpu} {switches} {} {}",
+        "DONE {} {} {} {cpu} {switches} {allocations} {} {}",
         tally.completed,
         tally.increments,
         tally.failures,
@@ -715,13 +732,14 @@ fn parse_done(done: &str) -> Option<Tally> {
     let (completed, increments, failures) = (number()?, number()?, number()?);
     let cpu: i64 = fields.next()?.parse().ok()?;
     let switches: i64 = fields.next()?.parse().ok()?;
-    let usage = u64::try_from(cpu)
-        .ok()
-        .zip(u64::try_from(switches).ok())
-        .map(|(cpu, switches)| Usage {
-            cpu: Duration::from_micros(cpu),
-            switches,
-        });
+    let allocations: i64 = fields.next()?.parse().ok()?;
+    let usage = (|| {
+        Some(Usage {
+            cpu: Duration::from_micros(u64::try_from(cpu).ok()?),
+            switches: u64::try_from(switches).ok()?,
+            allocations: u64::try_from(allocations).ok()?,
+        })
+    })();
     let mut durations = || {
         fields
             .next()
@@ -762,6 +780,7 @@ mod tests {
             usage: Some(Usage {
                 cpu: Duration::from_micros(1_234),
                 switches: 56,
+                allocations: 789,
             }),
             errors: Vec::new(),
         };

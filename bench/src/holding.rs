@@ -1,0 +1,149 @@
+//! The cost of keeping many locks: one client takes thousands of locks on short
+//! watchdog leases and holds them, while the bench measures what the renewals cost
+//! each side, how many commands Redis runs for them, and the memory each held lock
+//! takes in the client.
+
+use std::fmt::Write;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockGuard, LockOptions};
+use lock_tests::RedisServer;
+use tokio::task::JoinSet;
+
+use crate::scenarios::{Usage, data_connection, redis_cpu};
+
+/// Each lock's lease, renewed by the watchdog every third of it.
+const LEASE: Duration = Duration::from_secs(3);
+/// How long the holding is measured, after the first renewals have begun.
+const MEASURED: Duration = Duration::from_secs(6);
+
+struct Held {
+    locks: usize,
+    client_cpu: Duration,
+    redis_cpu: Option<Duration>,
+    commands: Option<u64>,
+    bytes_per_lock: f64,
+    still_held: usize,
+}
+
+/// The "Keeping many locks" section of the report.
+pub(crate) async fn keeping_many_locks(counts: &[usize]) -> String {
+    let mut out = String::from(
+        "## Keeping many locks\n\n\
+         One client takes this many locks, each on a 3 s lease renewed by the watchdog \
+         every second, and holds them; measured over 6 s once the renewals run, on a \
+         redis-server of its own. CPU is given as a share of one core. Memory: the bytes \
+         the client's heap grew by per lock held, from before the locks were taken to \
+         the end of the measured time.\n\n\
+         | Locks held | Client CPU | Redis CPU | Redis commands/s | Memory per held lock | Still held at the end |\n\
+         |--:|--:|--:|--:|--:|--:|\n",
+    );
+    for &locks in counts {
+        match hold(locks).await {
+            Ok(held) => {
+                let share = |cpu: Duration| {
+                    format!("{:.1}%", 100.0 * cpu.as_secs_f64() / MEASURED.as_secs_f64())
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {:.0} B | {} of {} |",
+                    held.locks,
+                    share(held.client_cpu),
+                    held.redis_cpu.map_or("n/a".to_owned(), share),
+                    held.commands.map_or("n/a".to_owned(), |commands| {
+                        format!("{:.0}", commands as f64 / MEASURED.as_secs_f64())
+                    }),
+                    held.bytes_per_lock,
+                    held.still_held,
+                    held.locks,
+                );
+            }
+            Err(error) => {
+                let _ = writeln!(out, "| {locks} | failed: {error} | | | | |");
+            }
+        }
+    }
+    out.push('\n');
+    out
+}
+
+async fn hold(locks: usize) -> Result<Held, String> {
+    let server = RedisServer::start();
+    let checker = data_connection(&server.url()).await?;
+    let client = LockClient::connect(&server.url())
+        .await
+        .map_err(|error| error.to_string())?;
+    let options = LockOptions::new().lease(LEASE).watchdog(true);
+    let heap_before = crate::heap_in_use();
+    let guards = take(&client, &options, locks).await?;
+    // The first renewals come a third of a lease after each lock was taken.
+    tokio::time::sleep(LEASE / 2).await;
+    let started = Instant::now();
+    let (usage, cpu, commands) = (
+        Usage::of_this_process(),
+        redis_cpu(&checker).await,
+        commands_processed(&checker).await,
+    );
+    tokio::time::sleep(MEASURED.saturating_sub(started.elapsed())).await;
+    let client_cpu = Usage::of_this_process()
+        .zip(usage)
+        .map(|(after, before)| after.since(before).cpu)
+        .ok_or("no CPU figures on this system")?;
+    let redis_cpu = redis_cpu(&checker)
+        .await
+        .zip(cpu)
+        .map(|(after, before)| after.saturating_sub(before));
+    let commands = commands_processed(&checker)
+        .await
+        .zip(commands)
+        .map(|(after, before)| after.saturating_sub(before));
+    let bytes_per_lock = (crate::heap_in_use() - heap_before) as f64 / locks as f64;
+    let still_held = guards.iter().filter(|guard| guard.is_held()).count();
+    drop(guards);
+    client.shutdown().await;
+    Ok(Held {
+        locks,
+        client_cpu,
+        redis_cpu,
+        commands,
+        bytes_per_lock,
+        still_held,
+    })
+}
+
+/// `locks` locks of one client, taken 500 at a time.
+async fn take(
+    client: &LockClient,
+    options: &LockOptions,
+    locks: usize,
+) -> Result<Vec<LockGuard>, String> {
+    let mut guards = Vec::with_capacity(locks);
+    let mut taking = JoinSet::new();
+    for lock in 0..locks {
+        let (client, options) = (client.clone(), options.clone());
+        taking.spawn(async move { client.acquire(&format!("kept:{lock}"), &options).await });
+        if taking.len() == 500 || lock + 1 == locks {
+            while let Some(taken) = taking.join_next().await {
+                let guard = taken
+                    .map_err(|panicked| panicked.to_string())?
+                    .map_err(|error| error.to_string())?;
+                guards.push(guard);
+            }
+        }
+    }
+    Ok(guards)
+}
+
+/// How many commands the server has run since it started.
+async fn commands_processed(checker: &redis::aio::MultiplexedConnection) -> Option<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut checker.clone())
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_commands_processed:"))?
+        .trim()
+        .parse()
+        .ok()
+}
