@@ -53,7 +53,7 @@ impl SentinelGroup {
                 RedisServer::start_sentinel(name, primary.port(), down_after_ms, password, tls)
             })
             .collect();
-        let group = SentinelGroup {
+        let mut group = SentinelGroup {
             name,
             primary,
             replica,
@@ -155,9 +155,13 @@ impl SentinelGroup {
     /// Waits until the replica is in sync and every Sentinel knows it, up, and the
     /// other Sentinels. Sentinels read a replica's state every 10 s, so on a loaded
     /// machine this can take most of a minute.
-    fn wait_until_watching(&self) {
+    ///
+    /// On a loaded machine a primary slow to answer for `down_after` is failed over
+    /// too: when every Sentinel names the replica, it is the primary from then on.
+    fn wait_until_watching(&mut self) {
         let started = Instant::now();
         loop {
+            self.follow_the_sentinels();
             let views: Vec<SentinelView> = self
                 .sentinels
                 .iter()
@@ -177,6 +181,33 @@ impl SentinelGroup {
                  Sentinels saw {views:?}"
             );
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Follows the Sentinels once they agree: takes the replica for the primary if
+    /// they all name it (they failed over on their own), and has the replica follow
+    /// the primary they name if it serves as a primary itself (they would tell it
+    /// to, but only after several seconds).
+    fn follow_the_sentinels(&mut self) {
+        let named: Vec<Option<u16>> = self
+            .sentinels
+            .iter()
+            .map(|sentinel| primary_named_by(sentinel, self.name))
+            .collect();
+        if named.iter().all(|port| *port == Some(self.replica.port())) {
+            eprintln!(
+                "the Sentinels failed over from port {} to {} on their own",
+                self.primary.port(),
+                self.replica.port()
+            );
+            std::mem::swap(&mut self.primary, &mut self.replica);
+        }
+        let agreed = named.iter().all(|port| *port == Some(self.primary.port()));
+        if agreed && self.replica.role() == "master" {
+            let _: redis::RedisResult<()> = redis::cmd("REPLICAOF")
+                .arg("127.0.0.1")
+                .arg(self.primary.port())
+                .query(&mut self.replica.connection());
         }
     }
 
@@ -208,7 +239,8 @@ impl SentinelGroup {
             other_sentinels: field(&primary, "num-other-sentinels"),
             replica_flags: replica.map(|fields| field(fields, "flags")),
             replica_of: replica.map(|fields| field(fields, "master-port")),
-            primary_port: self.primary.port().to_string(),
+            primary_named: primary_named_by(sentinel, self.name),
+            primary_port: self.primary.port(),
         }
     }
 }
@@ -220,7 +252,8 @@ struct SentinelView {
     other_sentinels: String,
     replica_flags: Option<String>,
     replica_of: Option<String>,
-    primary_port: String,
+    primary_named: Option<u16>,
+    primary_port: u16,
 }
 
 impl SentinelView {
@@ -228,7 +261,8 @@ impl SentinelView {
         self.replicas == "1"
             && self.other_sentinels == "2"
             && self.replica_flags.as_deref() == Some("slave")
-            && self.replica_of.as_ref() == Some(&self.primary_port)
+            && self.replica_of == Some(self.primary_port.to_string())
+            && self.primary_named == Some(self.primary_port)
     }
 }
 
