@@ -11,7 +11,7 @@ use super::{ClientTurn, Grant, Holds};
 use crate::LockError;
 use crate::backend::{Finishing, NothingMore, Released};
 use crate::key::LockName;
-use crate::options::{HandOff, Kind, Plan};
+use crate::options::{HandOff, Kind, Plan, clock_drift};
 use crate::telemetry;
 
 /// One acquisition that reached Redis: its token, its lease, and the client's turn
@@ -26,11 +26,17 @@ pub(crate) struct Acquisition {
     pub(super) kind: Kind,
     pub(super) lease: Lease,
     pub(super) acquired_at: Instant,
+    /// The lease it was granted with.
+    lease_length: Duration,
     pub(super) watchdog_lease: Option<Duration>,
     pub(super) max_hold: Option<Duration>,
     /// A release before this leaves the lock in Redis until then (`hold_at_least`).
     pub(super) hold_until: Option<Instant>,
     pub(super) care: Mutex<Care>,
+    /// Where a task took a fixed lease over: the end of the lease it asked for, to
+    /// which the keeper renews the lock if it still holds it when a third of the
+    /// lease it was handed is left.
+    promised: Mutex<Option<Instant>>,
     pub(super) runtime: Handle,
     turn: Mutex<Option<ClientTurn>>,
     /// How many times it was handed on.
@@ -60,10 +66,12 @@ impl Acquisition {
             kind: plan.kind,
             lease: Lease::new(grant.sent_at, plan.lease),
             acquired_at: grant.sent_at,
+            lease_length: plan.lease,
             watchdog_lease: plan.watchdog.then_some(plan.lease),
             max_hold: plan.max_hold,
             hold_until: plan.hold_at_least.map(|window| Instant::now() + window),
             care: Mutex::new(Care::Ended),
+            promised: Mutex::new(None),
             runtime: Handle::current(),
             turn: Mutex::new(Some(grant.turn)),
             handed_on: AtomicU32::new(0),
@@ -81,6 +89,10 @@ impl Acquisition {
         self.turn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn promised(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.promised.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The fencing token of the hold it is granted or handed to now: the Redis
     /// counter times 2^16 plus the number of hand-offs before it, so tokens keep
     /// growing along a chain of hand-offs and across acquisitions.
@@ -95,17 +107,13 @@ impl Acquisition {
     }
 
     /// Whether the hold before can be taken over by a task that asks for `plan`: it
-    /// asks for nothing the hold cannot give. A watchdog lease must be renewed at the
-    /// same length; a fixed lease is renewed to the taker's own length as it takes
-    /// over (see `renewed_for`). No cap, and a fencing counter if a token is asked for.
+    /// asks for nothing the hold cannot give. The same lease, watchdog or fixed; no
+    /// cap, and a fencing counter if a token is asked for.
     pub(super) fn fits(&self, plan: &Plan) -> bool {
-        let same_lease = match self.watchdog_lease {
-            Some(lease) => plan.watchdog && plan.lease == lease,
-            None => !plan.watchdog,
-        };
         self.lease.is_valid()
             && self.kind == plan.kind
-            && same_lease
+            && plan.watchdog == self.watchdog_lease.is_some()
+            && plan.lease == self.lease_length
             && plan.max_hold.is_none()
             && self.max_hold.is_none()
             && plan.hold_at_least.is_none()
@@ -113,21 +121,31 @@ impl Acquisition {
             && (!plan.fencing || self.counter.is_some())
     }
 
-    /// Gives a fixed lease the full length `plan` asks for, from now, with one
-    /// token-scoped renewal: the task that takes it over holds what it asked for,
-    /// not what the task before it left. A watchdog lease needs nothing.
-    pub(super) async fn renewed_for(self: &Arc<Self>, plan: &Plan) -> Result<(), LockError> {
-        match self.watchdog_lease {
-            Some(_) => Ok(()),
-            None => self.extend(plan.lease).await,
-        }
-    }
-
     /// Takes it over from the hold before, during `turn`; returns the new hold's token.
-    pub(super) fn take_over(&self, turn: ClientTurn) -> Option<u64> {
+    ///
+    /// A fixed lease is owed to the taker in full, from now. It is not renewed now,
+    /// which would cost every section a round trip: the keeper renews it, as the
+    /// watchdog would, once only a third of the lease it was handed is left, so a
+    /// section shorter than that costs Redis nothing, and one that finds the lock
+    /// gone is lost as a watchdog hold would be.
+    pub(super) fn take_over(self: &Arc<Self>, turn: ClientTurn, plan: &Plan) -> Option<u64> {
         *self.turn() = Some(turn);
+        if self.watchdog_lease.is_none() {
+            let now = Instant::now();
+            *self.promised() = Some(now + plan.lease);
+            let renew_at = self.lease.valid_until().checked_sub(plan.lease / 3);
+            self.looked_after_by(renew_at.map_or(now, |at| at.max(now)));
+        }
         let handed_on = self.handed_on.load(Ordering::Relaxed);
         self.fence(handed_on)
+    }
+
+    /// What is left of the lease promised to the task that took a fixed lease over,
+    /// when the lease as it stands ends sooner.
+    fn lease_owed(&self) -> Option<Duration> {
+        let promised = (*self.promised())?;
+        let ends = self.lease.valid_until() + clock_drift(self.lease_length);
+        (promised > ends).then(|| promised.saturating_duration_since(Instant::now()))
     }
 
     /// The lease is gone for good: the client's next task in line may go to Redis.
@@ -143,6 +161,8 @@ impl Acquisition {
     /// Sets the lease to `lease` from now, if the token still holds the lock. With
     /// no answer, the lease is counted as Redis may have set it.
     pub(super) async fn extend(self: &Arc<Self>, lease: Duration) -> Result<(), LockError> {
+        // What the holder asks for now replaces what a take-over was promised.
+        self.promised().take();
         let sent_at = Instant::now();
         // A shorter lease may end before the keeper would first look at the hold.
         self.looked_after_by(sent_at + lease);
@@ -165,8 +185,8 @@ impl Acquisition {
     }
 
     /// The keeper's look at it, from the schedule's entry `due`: the lease to renew
-    /// it with now, if the watchdog renews it; otherwise it is looked at again when
-    /// its lease ends, or lost if it has. Nothing when it was released, or scheduled
+    /// it with now, if the watchdog renews it or a take-over is owed more; otherwise
+    /// it is looked at again when its lease ends, or lost if it has. Nothing when it was released, or scheduled
     /// again, since the entry was made.
     pub(super) fn looked_at(self: &Arc<Self>, due: Due) -> Option<Duration> {
         let mut care = self.care();
@@ -182,6 +202,7 @@ impl Acquisition {
         let renew_until = self.max_hold.map(|max_hold| self.acquired_at + max_hold);
         match self.watchdog_lease {
             Some(lease) if renew_until.is_none_or(|until| due.0 < until) => Some(lease),
+            None if let Some(owed) = self.lease_owed() => Some(owed),
             _ => {
                 let ends = self.lease.valid_until();
                 *care = Care::Scheduled(self.holds.keeper.watch(self, ends, &self.runtime));

@@ -88,9 +88,8 @@ impl Holds {
         LockGuard::owner(Hold::new(acquisition, fence))
     }
 
-    /// Takes over what the last turn handed on, if it fits `plan` and, with a fixed
-    /// lease, its renewal to the taker's lease is confirmed. Otherwise it is released
-    /// to Redis, and `turn` comes back to ask Redis itself. Dropped meanwhile, the
+    /// Takes over what the last turn handed on, if it fits `plan`. Otherwise it is
+    /// released to Redis, and `turn` comes back to ask Redis itself. Dropped meanwhile, the
     /// turn goes to the next task and the acquisition is released.
     pub(crate) async fn take_over(
         &self,
@@ -98,8 +97,8 @@ impl Holds {
         turn: ClientTurn,
         plan: &Plan,
     ) -> Result<LockGuard, ClientTurn> {
-        if handed.fits(plan) && handed.renewed_for(plan).await.is_ok() {
-            let fence = handed.take_over(turn);
+        if handed.fits(plan) {
+            let fence = handed.take_over(turn, plan);
             return Ok(LockGuard::owner(Hold::new(handed, fence)));
         }
         let _ = handed.release(None).await;
