@@ -184,30 +184,20 @@ impl SentinelGroup {
         }
     }
 
-    /// Follows the Sentinels once they agree: takes the replica for the primary if
-    /// they all name it (they failed over on their own), and has the replica follow
-    /// the primary they name if it serves as a primary itself (they would tell it
-    /// to, but only after several seconds).
+    /// Takes the replica for the primary once every Sentinel names it: they failed
+    /// over on their own. They make the old primary a replica themselves, after a
+    /// few seconds, and drop its clients as they do (`CLIENT KILL`), so that the
+    /// clients find the new primary; a `REPLICAOF` from here would leave them
+    /// writing to a replica.
     fn follow_the_sentinels(&mut self) {
-        let named: Vec<Option<u16>> = self
-            .sentinels
-            .iter()
-            .map(|sentinel| primary_named_by(sentinel, self.name))
-            .collect();
-        if named.iter().all(|port| *port == Some(self.replica.port())) {
+        let replica = self.replica.port();
+        let named = |sentinel: &RedisServer| primary_named_by(sentinel, self.name) == Some(replica);
+        if self.sentinels.iter().all(named) {
             eprintln!(
-                "the Sentinels failed over from port {} to {} on their own",
-                self.primary.port(),
-                self.replica.port()
+                "the Sentinels failed over from port {} to {replica} on their own",
+                self.primary.port()
             );
             std::mem::swap(&mut self.primary, &mut self.replica);
-        }
-        let agreed = named.iter().all(|port| *port == Some(self.primary.port()));
-        if agreed && self.replica.role() == "master" {
-            let _: redis::RedisResult<()> = redis::cmd("REPLICAOF")
-                .arg("127.0.0.1")
-                .arg(self.primary.port())
-                .query(&mut self.replica.connection());
         }
     }
 
