@@ -186,8 +186,8 @@ impl Acquisition {
 
     /// The keeper's look at it, from the schedule's entry `due`: the lease to renew
     /// it with now, if the watchdog renews it or a take-over is owed more; otherwise
-    /// it is looked at again when its lease ends, or lost if it has. Nothing when it was released, or scheduled
-    /// again, since the entry was made.
+    /// it is looked at again when its lease ends, or lost if it has. Nothing when it
+    /// was released, or scheduled again, since the entry was made.
     pub(super) fn looked_at(self: &Arc<Self>, due: Due) -> Option<Duration> {
         let mut care = self.care();
         if *care != Care::Scheduled(due) {
