@@ -291,7 +291,9 @@ impl Acquisition {
             .hold_until
             .filter(|_| !self.window_waived.load(Ordering::Relaxed))
             .and_then(|until| until.checked_duration_since(Instant::now()))
-            .filter(|keep| *keep >= Duration::from_millis(1));
+            // Redis counts whole milliseconds, and the window is a least.
+            .map(|keep| Duration::from_millis(keep.as_micros().div_ceil(1000) as u64))
+            .filter(|keep| !keep.is_zero());
         let (name, token) = (self.name.clone(), self.token.clone());
         let key = name.clone();
         let pass_turn = move |released: &Result<Released, LockError>| {
