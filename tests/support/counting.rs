@@ -143,8 +143,9 @@ async fn forward(mut from: OwnedReadHalf, mut to: OwnedWriteHalf) {
     }
 }
 
-/// Forwards client bytes to the server first, then parses them, so counting adds
-/// no latency to the request itself.
+/// Counts the client's requests, then passes them on: a request is counted by the
+/// time its answer can come back, so counts taken right after an operation hold all
+/// of its requests.
 async fn count_requests(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
@@ -156,15 +157,15 @@ async fn count_requests(
         let Ok(n @ 1..) = from.read(&mut buffer).await else {
             return;
         };
-        if to.write_all(&buffer[..n]).await.is_err() {
-            return;
-        }
         let requests = parser.feed(&buffer[..n]);
         if !requests.is_empty() {
             let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
             for request in requests {
                 counts.record(request);
             }
+        }
+        if to.write_all(&buffer[..n]).await.is_err() {
+            return;
         }
     }
 }
