@@ -46,16 +46,18 @@ fn library_script(name: &str) -> &'static str {
         .expect("lock-runtime has the script")
 }
 
-/// The SHA1 of lock-runtime's release script.
+/// The SHA1 of lock-runtime's first request of every release on Redis 7: its
+/// compare-and-delete, followed by its release script only when others wait.
 pub(crate) fn library_release_sha1() -> &'static str {
-    library_script("release")
+    library_script("release_alone")
 }
 
 /// What a script the bench knows does, by its SHA1: lock-runtime's acquire and
-/// release, and the raw protocol's compare-and-delete.
+/// releases, and the raw protocol's compare-and-delete.
 pub(crate) fn script_name(sha1: &str) -> Option<&'static str> {
     [
         (library_script("acquire"), "acquire script"),
+        (library_script("release_alone"), "release-alone script"),
         (library_script("release"), "release script"),
         (COMPARE_AND_DELETE_SCRIPT.get_hash(), "compare-and-delete"),
     ]

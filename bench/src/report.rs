@@ -136,7 +136,7 @@ impl Measured {
     }
 
     /// lock-runtime's acquisitions made in Redis during the counting pass: each ends
-    /// in one call of its release script.
+    /// in one call of its release-alone script.
     fn redis_acquisitions(&self) -> Option<u64> {
         let counted = self.counted()?;
         Some(counted.counts.script(peers::library_release_sha1()))
@@ -561,7 +561,7 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
             };
             let sections = counted.run.tally.completed;
             let (per_acquisition, hand_offs) = if acquisitions == 0 {
-                let none = "n/a: no call of the release script seen".to_owned();
+                let none = "n/a: no call of the release-alone script seen".to_owned();
                 (none.clone(), none)
             } else {
                 let per_acquisition = sections as f64 / acquisitions as f64;
@@ -582,12 +582,13 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
             out,
             "## Hand-offs per Redis acquisition (lock-runtime)\n\n\
              From the counting pass: every acquisition lock-runtime makes in Redis ends in \
-             one call of its release script (told apart from its other scripts by SHA1), \
+             one call of its release-alone script, the compare-and-delete a lock held \
+             with nobody queued needs, on Redis 7 (told apart from its other scripts by SHA1), \
              so sections over those calls is the sections each Redis acquisition served, \
              and all but the first of them were handed on from task to task inside a \
              client. The client's defaults allow at most {} hand-offs within {} ms of a \
              Redis acquisition.\n\n\
-             | Scenario | Sections counted | Redis acquisitions (release-script calls) | Sections per Redis acquisition | Hand-offs per Redis acquisition |\n\
+             | Scenario | Sections counted | Redis acquisitions (release-alone calls) | Sections per Redis acquisition | Hand-offs per Redis acquisition |\n\
              |---|--:|--:|--:|--:|",
             lock_runtime::DEFAULT_HAND_OFFS,
             lock_runtime::DEFAULT_HAND_OFF_WINDOW.as_millis(),

@@ -19,21 +19,22 @@ use crate::{ClientConfig, LockError};
 /// One read of a lock and its companions, on the server that holds them, against
 /// that server's clock.
 static READ_LOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(concat!(
+        include_str!("backend/scripts/holders.lua"),
         r"
 local lock, queue, fence = KEYS[1], KEYS[2], KEYS[3]
 local time = redis.call('TIME')
 local kind = redis.call('TYPE', lock)['ok']
 local holders = {}
 if kind == 'string' then
-  holders = {redis.call('GET', lock)}
+  holders = {holder_of(redis.call('GET', lock))}
 elseif kind == 'zset' then
   holders = redis.call('ZRANGE', lock, 0, -1, 'WITHSCORES')
 end
 return {time[1], time[2], kind, redis.call('PTTL', lock), holders,
   redis.call('ZRANGE', queue, 0, -1, 'WITHSCORES'), redis.call('GET', fence) or ''}
-",
-    )
+"
+    ))
 });
 
 /// Looks at the locks in Redis whoever holds them: for operators, dashboards and

@@ -1,10 +1,12 @@
 //! The everyday path: a lock nobody else wants costs Redis what the raw protocol
-//! does, and newer servers renew it with a native command instead of a script.
+//! does, and newer servers release and renew it with native commands instead of
+//! scripts; a lock somebody waits for still lets them in on release.
 
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockOptions};
+use lock_runtime::{LockClient, LockInspector, LockOptions};
 use lock_tests::RedisServer;
+use tokio::time::Instant;
 
 /// Commands a Redis server ran, before and after.
 fn calls(redis: &RedisServer, commands: &[&str]) -> Vec<u64> {
@@ -30,32 +32,85 @@ fn ran_since(
 #[tokio::test]
 async fn an_uncontended_release_is_a_plain_compare_and_delete() {
     let redis = RedisServer::start();
+    let native = redis.has_command("delifeq");
     let client = LockClient::connect(&redis.url()).await.unwrap();
     let options = LockOptions::new().lease(Duration::from_secs(10));
     let commands = [
-        "set", "evalsha", "get", "zcard", "del", "zrange", "time", "type",
+        "set", "delifeq", "evalsha", "get", "del", "zcard", "zrange", "time", "type",
     ];
     let before = calls(&redis, &commands);
     for _ in 0..10 {
         let guard = client.acquire("order:1", &options).await.unwrap();
         guard.release().await.unwrap();
     }
-    // The acquire is a `SET NX`; the release one script that reads the lock, finds
-    // no queue and deletes it, and defines none of the functions waiters need.
-    assert_eq!(
-        ran_since(&redis, &commands, &before),
-        [
-            ("set", 10),
-            ("evalsha", 10),
-            ("get", 10),
-            ("zcard", 10),
-            ("del", 10),
-            ("zrange", 0),
-            ("time", 0),
-            ("type", 0),
-        ]
-    );
+    // The acquire is a `SET NX`; the release the server's own compare-and-delete
+    // (Valkey 9), or else a script that reads the lock and deletes it, as the raw
+    // protocol's does: nobody is queued for a lock whose value is its token alone.
+    let release = match native {
+        true => [("delifeq", 10), ("evalsha", 0), ("get", 0), ("del", 0)],
+        false => [("delifeq", 0), ("evalsha", 10), ("get", 10), ("del", 10)],
+    };
+    let mut expected = vec![("set", 10)];
+    expected.extend(release);
+    expected.extend([("zcard", 0), ("zrange", 0), ("time", 0), ("type", 0)]);
+    assert_eq!(ran_since(&redis, &commands, &before), expected);
     assert_eq!(client.lease_left("order:1").await.unwrap(), None);
+}
+
+/// Whether a client waits in the queue for `key`.
+fn queued(redis: &RedisServer, key: &str) -> bool {
+    redis::cmd("ZCARD")
+        .arg(format!("lock:{{{key}}}:queue"))
+        .query::<u64>(&mut redis.connection())
+        .unwrap()
+        > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_with_a_client_waiting_renews_it_and_lets_that_client_in() {
+    let redis = RedisServer::start();
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let waiter = LockClient::connect(&redis.url()).await.unwrap();
+    let inspector = LockInspector::connect(&redis.url()).await.unwrap();
+    let options = LockOptions::new().lease(Duration::from_secs(10));
+    let guard = holder.acquire("order:3", &options).await.unwrap();
+    let token_held = inspector.lock("order:3").await.unwrap().unwrap().holders[0]
+        .token
+        .clone();
+    let retry_wait = Duration::from_secs(5);
+    let waiting = tokio::spawn(async move {
+        let options = LockOptions::new()
+            .retry_wait(retry_wait)
+            .timeout(Duration::from_secs(20));
+        waiter.acquire("order:3", &options).await
+    });
+    while !queued(&redis, "order:3") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The holder's lease goes on, natively renewed or not.
+    guard.extend(Duration::from_secs(20)).await.unwrap();
+    let seen = inspector.lock("order:3").await.unwrap().unwrap();
+    assert!(
+        seen.lease_left.unwrap() > Duration::from_secs(15),
+        "{seen:?}"
+    );
+    assert_eq!(seen.holders[0].token, token_held);
+    assert_eq!(seen.queue.len(), 1);
+
+    // Its release does not just delete the lock: the waiter is let in at once, not
+    // after its pause.
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    assert!(
+        released_at.elapsed() < retry_wait / 10,
+        "the waiter was not let in: {:?}",
+        released_at.elapsed()
+    );
+    assert!(handed.is_held());
+    handed.release().await.unwrap();
+    assert_eq!(holder.lease_left("order:3").await.unwrap(), None);
+    assert!(!queued(&redis, "order:3"));
 }
 
 /// Whether the server takes `SET … IFEQ` (Valkey 8.1, Redis 8.4).

@@ -20,12 +20,12 @@ const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
 +set +get +del +pexpire +pttl +incr +time +type \
 +pexpireat +pexpiretime \
 +zadd +zrem +zrange +zcard +zscore +zremrangebyscore \
-+evalsha +script|load +wait +waitaof \
++evalsha +script|load +wait +waitaof +delifeq +delex \
 +publish +spublish +subscribe +unsubscribe +ssubscribe +sunsubscribe";
 
-/// The rules that name commands Redis 7.0 does not have, which it refuses in `ACL
-/// SETUSER`: the README says to leave them out there.
-const NEWER_SERVER_RULES: &str = "+client|setinfo +waitaof";
+/// The rules that name commands only newer servers have, which a server without
+/// them refuses in `ACL SETUSER`: the README says to leave those out.
+const NEWER_SERVER_RULES: &str = "+client|setinfo +waitaof +delifeq +delex";
 
 /// What the ACL user needs in addition on a Cluster, as the README says.
 const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
@@ -34,19 +34,17 @@ const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
 const SENTINEL_USER_RULES: &str =
     "-@all +sentinel|masters +sentinel|replicas +role +client|setinfo";
 
-/// `rules` as `server` takes them: without the rules for commands it does not have,
-/// which only Redis 7.0 lacks.
+/// `rules` as `server` takes them: without the rules for commands it does not have.
 fn rules_for<'a>(server: &RedisServer, rules: &'a str) -> Vec<&'a str> {
-    let newer: Vec<&str> = NEWER_SERVER_RULES.split_whitespace().collect();
-    let has_newer = server.has_command("client|setinfo");
     assert_eq!(
-        has_newer,
+        server.has_command("client|setinfo"),
         server.version().number >= (7, 2, 0),
         "CLIENT SETINFO came with Redis 7.2 (and Valkey 8)"
     );
+    let newer: Vec<&str> = NEWER_SERVER_RULES.split_whitespace().collect();
     rules
         .split_whitespace()
-        .filter(|rule| has_newer || !newer.contains(rule))
+        .filter(|rule| !newer.contains(rule) || server.has_command(&rule[1..]))
         .collect()
 }
 
@@ -259,9 +257,10 @@ fn the_readme_gives_the_tested_acl_line() {
         "the README's ACL line differs from the tested one:\n{line}"
     );
     let older = format!("On Redis 7.0, leave out `{NEWER_SERVER_RULES}`");
+    let valkey = "on Valkey 9, leave out `+delex`".to_owned();
     let cluster = format!("On a Cluster, add `{LOCK_USER_CLUSTER_RULES}`");
     let sentinels = format!("`ACL SETUSER locks on >CHANGE-ME {SENTINEL_USER_RULES}`");
-    for told in [older, cluster, sentinels] {
+    for told in [older, valkey, cluster, sentinels] {
         assert!(readme.contains(&told), "the README does not say {told}");
     }
 }

@@ -192,6 +192,12 @@ async fn waiting_clients(
     waiting
 }
 
+/// The requests that take or free a lock: scripts, `SET`, and `DELIFEQ` on servers
+/// that have it.
+fn asked(requests: &lock_tests::CommandCounts) -> u64 {
+    requests.get("EVALSHA") + requests.get("SET") + requests.get("DELIFEQ")
+}
+
 /// A section shorter than the claim window.
 const MOMENT: Duration = Duration::from_millis(20);
 
@@ -217,10 +223,11 @@ async fn a_release_passes_the_lock_to_one_waiting_client_at_a_time() {
         [0, 1, 2],
         "first come, first served"
     );
-    // The holder's release, then each waiter's claim and release: no waiter asked
-    // again for a lock that went to another.
+    // The holder's release, then each waiter's claim and release, and a second
+    // request for each release that let a waiter in: no waiter asked again for a
+    // lock that went to another.
     let requests = proxy.take();
-    assert_eq!(requests.get("EVALSHA") + requests.get("SET"), 1 + 2 * 3);
+    assert_eq!(asked(&requests), 1 + 2 * 3 + 3, "{requests:?}");
     assert!(
         released_at.elapsed() < Duration::from_secs(2),
         "the waiters polled at their 5 s pause instead of being told"
@@ -257,8 +264,8 @@ async fn a_waiter_told_to_look_again_asks_nothing_when_the_claim_comes_in_time()
     assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
     let requests = proxy.take();
     assert_eq!(
-        requests.get("EVALSHA") + requests.get("SET"),
-        1 + 2 * 4,
+        asked(&requests),
+        1 + 2 * 4 + 4,
         "a waiter looked again although the one ahead claimed the lock: {requests:?}"
     );
 }
@@ -450,13 +457,24 @@ async fn the_next_waiter_looks_again_when_the_one_told_to_leaves_the_queue() {
 
 /// On a hot key, telling the next waiter to look again in case those let in ahead of
 /// it do not claim the lock costs no request: a section costs one acquire to claim
-/// the lock, one for the next task to join the queue, and the release.
+/// the lock, one for the next task to join the queue, and the release: a
+/// compare-and-delete, then the script that lets the queue in when a waiter is
+/// queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_key_costs_two_acquires_and_a_release_per_section() {
     let (sections, requests) = hot_key(3, 2, 25, Duration::from_millis(1)).await;
-    let [(_, acquire), (_, release), ..] = lock_runtime::__script_hashes();
-    assert_eq!(requests.script(release), sections);
-    let acquires = requests.script(acquire) + requests.get("SET");
+    let script = |name: &str| {
+        let hashes = lock_runtime::__script_hashes();
+        hashes
+            .into_iter()
+            .find(|(script, _)| *script == name)
+            .unwrap()
+            .1
+    };
+    let compare_and_delete = requests.script(script("release_alone")) + requests.get("DELIFEQ");
+    assert_eq!(compare_and_delete, sections);
+    assert!(requests.script(script("release")) <= sections);
+    let acquires = requests.script(script("acquire")) + requests.get("SET");
     // A claim that came too late to stop a look, under load, is not what this
     // counts; a look per section is.
     assert!(

@@ -336,11 +336,12 @@ impl RedisServer {
             .map_or(0, |calls| calls.parse().expect("a call count"))
     }
 
-    /// Requests of the lock protocol the server ran: acquires (`SET`) and releases
-    /// and renewals (`EVALSHA`). A fenced acquire is a script that sets the key, so it
-    /// counts twice.
+    /// Requests of the lock protocol the server ran: acquires (`SET`), releases
+    /// (`EVALSHA`, or `DELIFEQ` on Valkey 9) and renewals (`EVALSHA`). A script
+    /// that sets the key counts twice: a fenced acquire, and an acquire that joins
+    /// the queue behind a lock held alone (it marks the holder's token).
     pub fn lock_calls(&self) -> u64 {
-        self.calls("set") + self.calls("evalsha")
+        self.calls("set") + self.calls("evalsha") + self.calls("delifeq")
     }
 
     fn wait_until_ready(&mut self) -> Result<(), std::process::ExitStatus> {

@@ -277,6 +277,15 @@ impl Backend {
         }
     }
 
+    /// Takes `token` out of the queue for `name`, or frees the lock if it was passed
+    /// to `token`: for an acquisition that gave up, in one request.
+    async fn leave(&self, name: &LockName, token: &str) -> Result<Released, LockError> {
+        match &self.store {
+            Store::Redis(node) => node.leave(name, token, Waiters::Queue).await,
+            Store::Memory(_) | Store::Redlock(_) => self.release(name, token).await,
+        }
+    }
+
     /// Frees `name` if `token` holds it, or with `keep`, leaves it held by nobody for
     /// that long; the request completes on `runtime` even if the caller goes, and
     /// then `after` sees what it did.
@@ -419,7 +428,7 @@ struct Claim {
 
 impl Claim {
     async fn withdraw(self) {
-        let _ = self.backend.release(&self.name, &self.token).await;
+        let _ = self.backend.leave(&self.name, &self.token).await;
     }
 }
 

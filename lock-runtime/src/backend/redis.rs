@@ -1,6 +1,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -39,7 +39,9 @@ macro_rules! lock_script {
 }
 
 static ACQUIRE: LazyLock<Script> = lock_script!("scripts/acquire.lua");
-static RELEASE: LazyLock<Script> = lock_script!("scripts/release_alone.lua", "scripts/release.lua");
+static RELEASE: LazyLock<Script> = lock_script!("scripts/release.lua");
+static RELEASE_ALONE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/release_alone.lua")));
 static FORCE_UNLOCK: LazyLock<Script> = lock_script!("scripts/force_unlock.lua");
 static RENEW: LazyLock<Script> = lock_script!("scripts/renew_alone.lua", "scripts/renew.lua");
 static RENEW_MANY: LazyLock<Script> = lock_script!("scripts/renew_many.lua");
@@ -52,9 +54,10 @@ const RENEWALS_PER_CALL: usize = 256;
 
 /// The SHA1 of each lock script, by its file name, as `EVALSHA` sends it: for tools
 /// that count Redis requests per script.
-pub fn script_hashes() -> [(&'static str, &'static str); 4] {
+pub fn script_hashes() -> [(&'static str, &'static str); 5] {
     [
         ("acquire", ACQUIRE.get_hash()),
+        ("release_alone", RELEASE_ALONE.get_hash()),
         ("release", RELEASE.get_hash()),
         ("force_unlock", FORCE_UNLOCK.get_hash()),
         ("renew", RENEW.get_hash()),
@@ -76,6 +79,21 @@ pub(crate) struct RedisNode {
     /// Whether the server takes `SET … IFEQ`, as found at connect; cleared should a
     /// server of a Cluster turn out not to.
     has_set_ifeq: AtomicBool,
+    /// The `CompareAndDelete` the server has, as found at connect; the script should
+    /// a server of a Cluster turn out not to have it.
+    compare_and_delete: AtomicU8,
+}
+
+/// How a lock held alone, with nobody queued for it, is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum CompareAndDelete {
+    /// `release_alone.lua`: every server has it.
+    Script = 0,
+    /// `DELIFEQ key value`: Valkey 9.
+    Delifeq = 1,
+    /// `DELEX key IFEQ value`: Redis 8.4.
+    Delex = 2,
 }
 
 impl RedisNode {
@@ -91,7 +109,7 @@ impl RedisNode {
             .map_err(unreachable)?;
         // Loaded up front (on every primary of a Cluster) so that the first lock costs
         // one round trip, not three.
-        for script in [&*ACQUIRE, &*RELEASE, &*RENEW, &*RENEW_MANY] {
+        for script in [&*ACQUIRE, &*RELEASE_ALONE, &*RELEASE, &*RENEW, &*RENEW_MANY] {
             bounded(config.command_timeout, script.load_async(&mut connection))
                 .await
                 .map_err(unreachable)?;
@@ -101,9 +119,11 @@ impl RedisNode {
         }
         let replication = Replication::connect(&target, &mut connection, config).await?;
         let has_set_ifeq = has_set_ifeq(&mut connection, config.command_timeout).await;
+        let compare_and_delete = compare_and_delete(&mut connection, config.command_timeout).await;
         let mut node = Self::with_connection(target, connection, config, signals);
         node.replication = replication;
         node.has_set_ifeq = AtomicBool::new(has_set_ifeq);
+        node.compare_and_delete = AtomicU8::new(compare_and_delete as u8);
         Ok(node)
     }
 
@@ -134,6 +154,7 @@ impl RedisNode {
             subscriber: OnceCell::new(),
             signals,
             has_set_ifeq: AtomicBool::new(false),
+            compare_and_delete: AtomicU8::new(CompareAndDelete::Script as u8),
         }
     }
 
@@ -258,8 +279,27 @@ impl RedisNode {
     }
 
     /// Frees the lock if `token` holds it, telling `waiters`; a token that waits in
-    /// the queue leaves it.
+    /// the queue leaves it. A lock held alone with nobody queued goes in one
+    /// compare-and-delete; any other takes a second request, the script that tells.
     pub(crate) async fn release(
+        &self,
+        name: &LockName,
+        token: &str,
+        waiters: Waiters,
+    ) -> Result<Released, LockError> {
+        if waiters != Waiters::Broadcast
+            && Kind::of_token(token) == Kind::Exclusive
+            && self.release_alone(name, token).await?
+        {
+            return Ok(Released::Freed);
+        }
+        self.leave(name, token, waiters).await
+    }
+
+    /// Takes `token` out of the queue, or frees the lock if `token` holds it, telling
+    /// `waiters`: `release` in one request, for a token that more likely waits than
+    /// holds.
+    pub(crate) async fn leave(
         &self,
         name: &LockName,
         token: &str,
@@ -278,6 +318,41 @@ impl RedisNode {
             0 => Released::NotHeld,
             _ => Released::Freed,
         })
+    }
+
+    /// Deletes the lock if its value is `token` alone; whether it did.
+    async fn release_alone(&self, name: &LockName, token: &str) -> Result<bool, LockError> {
+        let known = CompareAndDelete::from(self.compare_and_delete.load(Ordering::Relaxed));
+        let Some(native) = known.command(name.hash(), token) else {
+            let mut invocation = ScriptCall::new(&RELEASE_ALONE, &[name.hash()]);
+            invocation.arg(token);
+            let invocation = &invocation;
+            let deleted: i64 = self
+                .idempotent(name, |mut connection| async move {
+                    invocation.invoke(&mut connection).await
+                })
+                .await?;
+            return Ok(deleted == 1);
+        };
+        let native = &native;
+        let deleted = self
+            .idempotent(name, |mut connection| async move {
+                native.query_async::<i64>(&mut connection).await
+            })
+            .await;
+        match deleted {
+            Ok(deleted) => Ok(deleted == 1),
+            // Holders that share the key: the script tells.
+            Err(LockError::Backend { source, .. }) if source.code() == Some("WRONGTYPE") => {
+                Ok(false)
+            }
+            Err(LockError::Backend { source, .. }) if is_unknown_command(&source) => {
+                let script = CompareAndDelete::Script as u8;
+                self.compare_and_delete.store(script, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// How long the lock has left, whoever holds it; `None` when it is free.
@@ -362,7 +437,8 @@ impl RedisNode {
     }
 
     /// Renews a lock held alone with one `SET … IFEQ` (Valkey 8.1, Redis 8.4), no
-    /// script. `None` for holders that share the key (no string to compare), and on a
+    /// script. `None` when the lock's value is not the token alone (its token is
+    /// marked, holders share the key, another holds it: the script tells), and on a
     /// server without it.
     async fn renew_natively(
         &self,
@@ -388,7 +464,7 @@ impl RedisNode {
             })
             .await;
         match answer {
-            Ok(answer) => Ok(Some(answer.is_some())),
+            Ok(answer) => Ok(answer.map(|_| true)),
             Err(LockError::Backend { source, .. }) if is_syntax_error(&source) => {
                 self.has_set_ifeq.store(false, Ordering::Relaxed);
                 Ok(None)
@@ -578,6 +654,60 @@ async fn has_set_ifeq(connection: &mut Connection, limit: Duration) -> bool {
         .arg("KEEPTTL");
     let answer = bounded(limit, probe.query_async::<Option<redis::Value>>(connection)).await;
     answer.is_ok()
+}
+
+impl CompareAndDelete {
+    /// The server's own command that deletes `lock` if its value is `token`.
+    fn command(self, lock: &str, token: &str) -> Option<redis::Cmd> {
+        let mut command = match self {
+            CompareAndDelete::Script => return None,
+            CompareAndDelete::Delifeq => redis::cmd("DELIFEQ"),
+            CompareAndDelete::Delex => redis::cmd("DELEX"),
+        };
+        command.arg(lock);
+        if self == CompareAndDelete::Delex {
+            command.arg("IFEQ");
+        }
+        command.arg(token);
+        Some(command)
+    }
+}
+
+impl From<u8> for CompareAndDelete {
+    fn from(stored: u8) -> Self {
+        match stored {
+            1 => CompareAndDelete::Delifeq,
+            2 => CompareAndDelete::Delex,
+            _ => CompareAndDelete::Script,
+        }
+    }
+}
+
+/// The server's own compare-and-delete: asked to delete a key of the locks'
+/// namespace that no lock has, so nothing is deleted. A server without the command
+/// answers that it does not know it, which no `ACL LOG` records; a user not allowed
+/// it (an ACL line without `+delifeq`) leaves one entry there, and the script serves.
+async fn compare_and_delete(connection: &mut Connection, limit: Duration) -> CompareAndDelete {
+    for native in [CompareAndDelete::Delifeq, CompareAndDelete::Delex] {
+        let Some(probe) = native.command("lock:{probe}", "probe") else {
+            continue;
+        };
+        if bounded(limit, probe.query_async::<i64>(connection))
+            .await
+            .is_ok()
+        {
+            return native;
+        }
+    }
+    CompareAndDelete::Script
+}
+
+/// What a server without a command answers.
+fn is_unknown_command(error: &RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|detail| detail.contains("unknown command"))
 }
 
 /// What a server without an optional argument answers.

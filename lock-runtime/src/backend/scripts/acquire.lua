@@ -15,7 +15,6 @@ local token, lease, fencing, mode = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4]
 local kind = kind_of(token)
 
 local function granted()
-  redis.call('ZREM', queue, token)
   if fencing then
     return {1, redis.call('INCR', fence)}
   end
@@ -53,7 +52,7 @@ end
 -- Behind the queue; where it keeps only writers, only a shared holder waits for them.
 local behind = (ordered or kind == 'shared') and redis.call('ZCARD', queue) > 0
 if room(kind, held, holders_kind, count) and not behind then
-  set_lease(lock, token, kind, lease)
+  grant(lock, queue, token, kind, lease)
   return granted()
 end
 if mode == 'join' or (mode == 'writers' and kind == 'exclusive' and ARGV[5] ~= '0') then
@@ -62,6 +61,9 @@ if mode == 'join' or (mode == 'writers' and kind == 'exclusive' and ARGV[5] ~= '
   redis.call('ZADD', queue, 'NX', now[1] .. string.format('%06d', now[2]), token)
   if redis.call('PTTL', queue) < tonumber(ARGV[5]) then
     redis.call('PEXPIRE', queue, ARGV[5])
+  end
+  if held == 'exclusive' then
+    mark(lock)
   end
 end
 local wait = redis.call('PTTL', lock)

@@ -8,6 +8,14 @@
 -- `<client>:<number>` the lock alone, `<client>:<number>:shared`, or
 -- `<client>:<number>:permits=<n>`. A lock left by an older version (a hash) is busy
 -- until it expires.
+--
+-- While acquisitions wait in the queue, an exclusive holder's token is kept marked
+-- (`MARKED` after it). So a lock whose value is its holder's token alone has nobody
+-- to let in, and its holder frees it with a plain compare-and-delete
+-- (`release_alone.lua`, or `DELIFEQ` where the server has it). A mark left after
+-- the queue emptied only sends that release the long way.
+
+local MARKED = '|queued'
 
 local clock = nil
 local function now_ms()
@@ -30,6 +38,18 @@ local function kind_of(token)
   return 'exclusive'
 end
 
+local function is_marked(value)
+  return string.sub(value, -#MARKED) == MARKED
+end
+
+-- An exclusive holder's token, from the lock's value.
+local function holder_of(value)
+  if is_marked(value) then
+    return string.sub(value, 1, -#MARKED - 1)
+  end
+  return value
+end
+
 -- The lock as it stands: 'free'; 'exclusive' and the holder's token; 'counted', the
 -- holders' kind and their number (expired holders dropped); or 'legacy'.
 local function state(lock)
@@ -38,7 +58,7 @@ local function state(lock)
   if holder == false then
     return 'free'
   elseif type(holder) == 'string' then
-    return 'exclusive', holder
+    return 'exclusive', holder_of(holder)
   elseif redis.call('TYPE', lock)['ok'] == 'zset' then
     redis.call('ZREMRANGEBYSCORE', lock, '-inf', now_ms())
     local first = redis.call('ZRANGE', lock, 0, 0)[1]
@@ -96,13 +116,37 @@ local function expire_with_last(lock)
   redis.call('PEXPIRE', lock, math.max(1, tonumber(last[2]) - now_ms()))
 end
 
+-- Sets the lease of `token` to end `lease` ms from now: an exclusive holder's by
+-- the key's expiry, its mark kept; a holder that shares the key by its score, which
+-- adds it if it was not one.
 local function set_lease(lock, token, kind, lease)
   if kind == 'exclusive' then
-    redis.call('SET', lock, token, 'PX', lease)
+    redis.call('PEXPIRE', lock, lease)
     return
   end
   redis.call('ZADD', lock, now_ms() + lease, token)
   expire_with_last(lock)
+end
+
+-- Marks the exclusive holder's token: an acquisition waits for it.
+local function mark(lock)
+  local value = redis.call('GET', lock)
+  if not is_marked(value) then
+    redis.call('SET', lock, value .. MARKED, 'KEEPTTL')
+  end
+end
+
+-- Lets `token` in for `lease` ms, out of the queue: an exclusive holder marked
+-- while others wait.
+local function grant(lock, queue, token, kind, lease)
+  redis.call('ZREM', queue, token)
+  if kind ~= 'exclusive' then
+    set_lease(lock, token, kind, lease)
+  elseif redis.call('ZCARD', queue) > 0 then
+    redis.call('SET', lock, token .. MARKED, 'PX', lease)
+  else
+    redis.call('SET', lock, token, 'PX', lease)
+  end
 end
 
 -- Besides a grant (the token let in), a waiting client hears on its grant channel:
@@ -139,8 +183,7 @@ local function admit_waiters(lock, queue, claim_ms, grants, publish, asking)
       end
       return admitted
     end
-    redis.call('ZREM', queue, first)
-    set_lease(lock, first, kind, claim_ms)
+    grant(lock, queue, first, kind, claim_ms)
     if first ~= asking then
       redis.call(publish, grants .. string.match(first, '^[^:]*'), first)
     end

@@ -1,9 +1,9 @@
--- Put before the functions that tell who holds a lock, so that the everyday release
--- costs what a plain compare-and-delete does: a lock the token holds alone, with
--- nobody queued for it and no waiter to tell, is deleted at once. Everything else
--- (shared holders, a queue, a broadcast) goes on to the release below.
-if ARGV[2] ~= 'broadcast' and redis.pcall('GET', KEYS[1]) == ARGV[1]
-    and (ARGV[2] == 'none' or redis.call('ZCARD', KEYS[2]) == 0) then
-  redis.call('DEL', KEYS[1])
-  return 1
+-- KEYS[1] lock; ARGV[1] the acquisition's token
+-- The everyday release, as cheap as a plain compare-and-delete: deletes the lock
+-- when its value is the token alone, which holds it with nobody queued for it (see
+-- `MARKED` in holders.lua). Returns 1 when deleted, else 0: the lock is held
+-- otherwise (marked, shared, by another), and release.lua tells what to do.
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
 end
+return 0
