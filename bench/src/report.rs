@@ -582,8 +582,8 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
             out,
             "## Hand-offs per Redis acquisition (lock-runtime)\n\n\
              From the counting pass: every acquisition lock-runtime makes in Redis ends in \
-             one call of its release-alone script, the compare-and-delete a lock held \
-             with nobody queued needs, on Redis 7 (told apart from its other scripts by SHA1), \
+             one call of its release-alone script, the compare-and-delete every release \
+             starts with on Redis 7 (told apart from its other scripts by SHA1), \
              so sections over those calls is the sections each Redis acquisition served, \
              and all but the first of them were handed on from task to task inside a \
              client. The client's defaults allow at most {} hand-offs within {} ms of a \
