@@ -101,9 +101,9 @@ impl fmt::Debug for LockKey {
 /// can move the tag.
 #[derive(Debug, Clone)]
 pub(crate) struct LockName {
-    pub(crate) key: String,
     /// The names back to back in one allocation, as every acquisition builds them:
-    /// the lock, then its companions in `SUFFIXES`' order.
+    /// the lock, then its companions in `SUFFIXES`' order, then the key as the caller
+    /// gave it.
     names: String,
     /// Where each name ends in `names`.
     ends: [usize; 5],
@@ -119,7 +119,7 @@ impl LockName {
         } else if key.len() > MAX_KEY_LEN {
             "a key must be at most 64 KiB; derive a shorter key (an id or a hash) from the data"
         } else {
-            let mut names = String::with_capacity(5 * (key.len() + 8) + 40);
+            let mut names = String::with_capacity(6 * (key.len() + 8) + 40);
             names.push_str("lock:{");
             for c in key.chars() {
                 match c {
@@ -137,16 +137,18 @@ impl LockName {
                 names.push_str(suffix);
                 *end = names.len();
             }
-            return Ok(LockName {
-                key: key.to_owned(),
-                names,
-                ends,
-            });
+            names.push_str(key);
+            return Ok(LockName { names, ends });
         };
         Err(LockError::InvalidKey {
             key: key.to_owned(),
             reason,
         })
+    }
+
+    /// The key as the caller gave it (`order:42`).
+    pub(crate) fn key(&self) -> &str {
+        &self.names[self.ends[4]..]
     }
 
     fn nth(&self, n: usize) -> &str {

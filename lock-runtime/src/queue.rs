@@ -6,7 +6,9 @@
 //! the next task instead of releasing it. A key nobody waits for or holds leaves
 //! nothing behind.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -23,8 +25,12 @@ pub(crate) struct Queues<H> {
     backend: Arc<Backend>,
     /// The client whose lines these are.
     client: Arc<str>,
-    lines: Mutex<HashMap<String, Line<H>>>,
+    lines: Mutex<HashMap<LineKey, Line<H>>>,
 }
+
+/// A line's key, the lock's Redis name, shared with the places in it: joining a
+/// line copies no name.
+struct LineKey(Arc<LockName>);
 
 struct Line<H> {
     /// How the line was first joined: a lock, shared, or a semaphore's permits.
@@ -84,7 +90,7 @@ impl<H> Queues<H> {
             Kind::Permit(permits) => (permits, 1),
         };
         let mut lines = self.lines();
-        let line = lines.entry(name.hash().to_owned()).or_insert_with(|| Line {
+        let line = lines.entry(LineKey(name.clone())).or_insert_with(|| Line {
             kind,
             turns: Arc::new(Semaphore::new(capacity as usize)),
             places: 0,
@@ -104,7 +110,7 @@ impl<H> Queues<H> {
         })
     }
 
-    fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line<H>>> {
+    fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<LineKey, Line<H>>> {
         self.lines
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -227,3 +233,23 @@ impl<H> Drop for Turn<H> {
         }
     }
 }
+
+impl Borrow<str> for LineKey {
+    fn borrow(&self) -> &str {
+        self.0.hash()
+    }
+}
+
+impl Hash for LineKey {
+    fn hash<S: Hasher>(&self, state: &mut S) {
+        self.0.hash().hash(state)
+    }
+}
+
+impl PartialEq for LineKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.hash() == other.0.hash()
+    }
+}
+
+impl Eq for LineKey {}

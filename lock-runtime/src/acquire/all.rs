@@ -24,7 +24,9 @@ impl Acquirer {
         let mut ordered = BTreeMap::new();
         for key in keys {
             let name = LockName::new(key)?;
-            ordered.entry(name.hash().to_owned()).or_insert(name.key);
+            ordered
+                .entry(name.hash().to_owned())
+                .or_insert_with(|| key.clone());
         }
         let Some(first) = ordered.values().next() else {
             return Err(LockError::InvalidOptions {
@@ -43,7 +45,7 @@ impl Acquirer {
                      locks while holding one breaks the one order that keeps multi-key locks \
                      from deadlocking, so take every key in one `acquire_all` before entering \
                      the hold",
-                    level.hold.name().key
+                    level.hold.name().key()
                 ),
             });
         }

@@ -69,7 +69,7 @@ pub(super) async fn until_granted(
                 required,
             } => {
                 let error = LockError::Replication {
-                    key: name.key.clone(),
+                    key: name.key().to_owned(),
                     acknowledged,
                     required,
                 };

@@ -162,7 +162,7 @@ async fn reenter(
 ) -> Result<LockGuard, LockError> {
     if !plan.reentrant {
         return Err(LockError::Reentered {
-            key: name.key.clone(),
+            key: name.key().to_owned(),
         });
     }
     let held_as = level.hold.kind();
@@ -204,7 +204,7 @@ async fn reenter(
     };
     if !level.hold.is_held() {
         return Err(LockError::Lost {
-            key: name.key.clone(),
+            key: name.key().to_owned(),
         });
     }
     Ok(LockGuard::view(level.hold.clone(), turn))
@@ -212,7 +212,7 @@ async fn reenter(
 
 fn invalid(name: &LockName, reason: &str) -> LockError {
     LockError::InvalidOptions {
-        key: name.key.clone(),
+        key: name.key().to_owned(),
         reason: reason.to_owned(),
     }
 }
@@ -231,13 +231,13 @@ fn clash(name: &LockName, held_as: Kind, asked: Kind) -> LockError {
 
 fn busy(name: &LockName) -> LockError {
     LockError::Busy {
-        key: name.key.clone(),
+        key: name.key().to_owned(),
     }
 }
 
 fn timeout(name: &LockName, attempts: u32, started: Instant) -> LockError {
     LockError::Timeout {
-        key: name.key.clone(),
+        key: name.key().to_owned(),
         attempts,
         waited: started.elapsed(),
     }

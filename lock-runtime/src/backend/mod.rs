@@ -485,7 +485,7 @@ fn renewal_answers<'a>(
                     ::redis::ErrorKind::Io,
                     "the renewal's request did not finish",
                 );
-                Err(LockError::backend(&name.key, unfinished.into()))
+                Err(LockError::backend(name.key(), unfinished.into()))
             })
         })
         .collect()

@@ -200,7 +200,7 @@ impl RedisNode {
                     });
                 }
                 Err(error) if error.code() == Some("WRONGTYPE") => {}
-                Err(source) => return Err(LockError::backend(&name.key, source)),
+                Err(source) => return Err(LockError::backend(name.key(), source)),
             }
         }
         let (mode, stay) = match queue {
@@ -242,7 +242,7 @@ impl RedisNode {
                     "unexpected reply from the acquire script",
                     detail,
                 ));
-                return Err(LockError::backend(&name.key, error));
+                return Err(LockError::backend(name.key(), error));
             }
         })
     }
@@ -259,7 +259,7 @@ impl RedisNode {
             return Ok(Attempt::Granted { fence });
         };
         let confirmed = replication.confirm(name, token).await;
-        match confirmed.map_err(|source| LockError::backend(&name.key, source))? {
+        match confirmed.map_err(|source| LockError::backend(name.key(), source))? {
             Confirmed::Yes => Ok(Attempt::Granted { fence }),
             Confirmed::NotHeld => Ok(Attempt::Busy {
                 retry_in: None,
@@ -422,14 +422,14 @@ impl RedisNode {
             return Ok(renewed);
         };
         let confirmed = replication.confirm(name, token).await;
-        match confirmed.map_err(|source| LockError::backend(&name.key, source))? {
+        match confirmed.map_err(|source| LockError::backend(name.key(), source))? {
             Confirmed::Yes => Ok(true),
             Confirmed::NotHeld => Ok(false),
             Confirmed::Short {
                 acknowledged,
                 required,
             } => Err(LockError::Replication {
-                key: name.key.clone(),
+                key: name.key().to_owned(),
                 acknowledged,
                 required,
             }),
@@ -527,7 +527,7 @@ impl RedisNode {
         answers.resize_with(renewals.len(), || None);
         while let Some(Ok((chunk, renewed))) = calls.join_next().await {
             for (position, i) in chunk.into_iter().enumerate() {
-                let key = &renewals[i].name.key;
+                let key = renewals[i].name.key();
                 answers[i] = Some(match &renewed {
                     Ok(renewed) => Ok(renewed[position] == 1),
                     Err(error) => Err(LockError::backend(key, error.clone())),
@@ -547,7 +547,7 @@ impl RedisNode {
             .collect();
         let confirmed = replication.confirm_all(&confirming).await;
         for (i, confirmed) in renewed.into_iter().zip(confirmed) {
-            let key = &renewals[i].name.key;
+            let key = renewals[i].name.key();
             answers[i] = match confirmed {
                 Ok(Confirmed::Yes) => Ok(true),
                 Ok(Confirmed::NotHeld) => Ok(false),
@@ -555,7 +555,7 @@ impl RedisNode {
                     acknowledged,
                     required,
                 }) => Err(LockError::Replication {
-                    key: key.clone(),
+                    key: key.to_owned(),
                     acknowledged,
                     required,
                 }),
@@ -584,7 +584,7 @@ impl RedisNode {
                 bounded(self.config.connect_timeout, connecting)
             })
             .await
-            .map_err(|source| LockError::backend(&name.key, source))?;
+            .map_err(|source| LockError::backend(name.key(), source))?;
         let mut subscriber = subscriber.clone();
         self.run(name, subscriber.subscribe(channel)).await
     }
@@ -608,7 +608,7 @@ impl RedisNode {
     {
         retried_once(self.config.command_timeout, &self.connection, call)
             .await
-            .map_err(|source| LockError::backend(&name.key, source))
+            .map_err(|source| LockError::backend(name.key(), source))
     }
 
     async fn run<T>(
@@ -618,7 +618,7 @@ impl RedisNode {
     ) -> Result<T, LockError> {
         bounded(self.config.command_timeout, call)
             .await
-            .map_err(|source| LockError::backend(&name.key, source))
+            .map_err(|source| LockError::backend(name.key(), source))
     }
 }
 

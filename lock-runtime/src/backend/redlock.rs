@@ -124,7 +124,7 @@ impl Redlock {
         }
         if granted + busy_for.len() < self.quorum() {
             return Err(LockError::Quorum {
-                key: name.key.clone(),
+                key: name.key().to_owned(),
                 granted,
                 needed: self.quorum(),
             });
@@ -274,7 +274,7 @@ impl Redlock {
             Ok(false)
         } else {
             Err(LockError::Quorum {
-                key: name.key.clone(),
+                key: name.key().to_owned(),
                 granted: renewed,
                 needed: self.quorum(),
             })

@@ -154,7 +154,7 @@ impl Acquisition {
         drop(self.turn().take());
         self.lease.end();
         if !self.lost.swap(true, Ordering::Relaxed) {
-            telemetry::lost(&self.name.key, self.holds.backend.kind());
+            telemetry::lost(self.name.key(), self.holds.backend.kind());
         }
     }
 
@@ -174,7 +174,7 @@ impl Acquisition {
         }
         self.mark_lost();
         Err(LockError::NotHeld {
-            key: self.name.key.clone(),
+            key: self.name.key().to_owned(),
         })
     }
 
@@ -298,7 +298,7 @@ impl Acquisition {
         let key = name.clone();
         let pass_turn = move |released: &Result<Released, LockError>| {
             if let Err(error) = released {
-                telemetry::release_failed(&key.key, error);
+                telemetry::release_failed(key.key(), error);
             }
             drop(turn)
         };

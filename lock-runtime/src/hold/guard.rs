@@ -79,7 +79,7 @@ impl LockGuard {
 
     /// The key, as the caller gave it; for a multi-key guard, the first key taken.
     pub fn key(&self) -> &str {
-        &self.hold.name().key
+        self.hold.name().key()
     }
 
     /// Every key this guard holds, as the caller gave them, in the order taken: for a
@@ -244,7 +244,7 @@ impl LockGuard {
             match was_held {
                 true => Ok(()),
                 false => Err(LockError::NotHeld {
-                    key: hold.name().key.clone(),
+                    key: hold.name().key().to_owned(),
                 }),
             }
         }

@@ -211,7 +211,7 @@ async fn renew(holds: Vec<(Arc<Acquisition>, Duration)>) {
             Err(error) => {
                 // Counted as Redis may have applied it, or may still.
                 drop(renewal);
-                telemetry::renewal_failed(&hold.name.key, &error);
+                telemetry::renewal_failed(hold.name.key(), &error);
                 let retry_every = (every / 4).max(Duration::from_millis(5));
                 hold.look_again_at(Instant::now() + retry_every);
             }
