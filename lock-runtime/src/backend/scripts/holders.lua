@@ -12,8 +12,8 @@
 -- While acquisitions wait in the queue, an exclusive holder's token is kept marked
 -- (`MARKED` after it). So a lock whose value is its holder's token alone has nobody
 -- to let in, and its holder frees it with a plain compare-and-delete
--- (`release_alone.lua`, or `DELIFEQ` where the server has it). A mark left after
--- the queue emptied only sends that release the long way.
+-- (`release_alone.lua`, or `DELIFEQ` or `DELEX` where the server has one). A mark
+-- left after the queue emptied only sends that release the long way.
 
 local MARKED = '|queued'
 
