@@ -28,7 +28,8 @@ pub(crate) struct Acquisition {
     pub(super) acquired_at: Instant,
     /// The lease it was granted with.
     lease_length: Duration,
-    pub(super) watchdog_lease: Option<Duration>,
+    /// Whether the watchdog renews it, to `lease_length` each time.
+    watchdog: bool,
     pub(super) max_hold: Option<Duration>,
     /// A release before this leaves the lock in Redis until then (`hold_at_least`).
     pub(super) hold_until: Option<Instant>,
@@ -67,7 +68,7 @@ impl Acquisition {
             lease: Lease::new(grant.sent_at, plan.lease),
             acquired_at: grant.sent_at,
             lease_length: plan.lease,
-            watchdog_lease: plan.watchdog.then_some(plan.lease),
+            watchdog: plan.watchdog,
             max_hold: plan.max_hold,
             hold_until: plan.hold_at_least.map(|window| Instant::now() + window),
             care: Mutex::new(Care::Ended),
@@ -87,6 +88,11 @@ impl Acquisition {
 
     fn turn(&self) -> std::sync::MutexGuard<'_, Option<ClientTurn>> {
         self.turn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lease the watchdog renews it with, if it does.
+    pub(super) fn watchdog_lease(&self) -> Option<Duration> {
+        self.watchdog.then_some(self.lease_length)
     }
 
     fn promised(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
@@ -112,7 +118,7 @@ impl Acquisition {
     pub(super) fn fits(&self, plan: &Plan) -> bool {
         self.lease.is_valid()
             && self.kind == plan.kind
-            && plan.watchdog == self.watchdog_lease.is_some()
+            && plan.watchdog == self.watchdog
             && plan.lease == self.lease_length
             && plan.max_hold.is_none()
             && self.max_hold.is_none()
@@ -130,7 +136,7 @@ impl Acquisition {
     /// gone is lost as a watchdog hold would be.
     pub(super) fn take_over(self: &Arc<Self>, turn: ClientTurn, plan: &Plan) -> Option<u64> {
         *self.turn() = Some(turn);
-        if self.watchdog_lease.is_none() {
+        if !self.watchdog {
             let now = Instant::now();
             *self.promised() = Some(now + plan.lease);
             let renew_at = self.lease.valid_until().checked_sub(plan.lease / 3);
@@ -180,7 +186,7 @@ impl Acquisition {
 
     /// How much sooner than due the keeper may renew it, to renew it with others.
     pub(super) fn renewable_early(&self) -> Duration {
-        self.watchdog_lease
+        self.watchdog_lease()
             .map_or(Duration::ZERO, |lease| (lease / 12).min(EARLY_AT_MOST))
     }
 
@@ -200,7 +206,7 @@ impl Acquisition {
             return None;
         }
         let renew_until = self.max_hold.map(|max_hold| self.acquired_at + max_hold);
-        match self.watchdog_lease {
+        match self.watchdog_lease() {
             Some(lease) if renew_until.is_none_or(|until| due.0 < until) => Some(lease),
             None if let Some(owed) = self.lease_owed() => Some(owed),
             _ => {

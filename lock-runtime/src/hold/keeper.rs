@@ -2,8 +2,9 @@
 //! to need looking after (a third of a watchdog lease, or a lease's end). It renews
 //! the leases that fall due together in one request, per hash slot of at most a few
 //! hundred locks: watchdog leases, and fixed leases still owed to a task that took
-//! them over. It gives up the client's turn for a hold whose lease ended. A hold released sooner, as most are, costs an insert and a remove here,
-//! and wakes no thread.
+//! them over. It gives up the client's turn for a hold whose lease ended. A hold
+//! released sooner, as most are, costs an insert and a remove here, and wakes no
+//! thread.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

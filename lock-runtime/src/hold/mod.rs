@@ -75,7 +75,7 @@ impl Holds {
     pub(crate) fn start(self: &Arc<Self>, grant: Grant, plan: &Plan) -> LockGuard {
         let acquisition = Arc::new(Acquisition::new(self.clone(), grant, plan));
         let acquired_at = acquisition.acquired_at;
-        let due = match acquisition.watchdog_lease {
+        let due = match acquisition.watchdog_lease() {
             Some(lease) => acquired_at + lease / 3,
             None => acquired_at + plan.lease,
         };
@@ -89,8 +89,8 @@ impl Holds {
     }
 
     /// Takes over what the last turn handed on, if it fits `plan`. Otherwise it is
-    /// released to Redis, and `turn` comes back to ask Redis itself. Dropped meanwhile, the
-    /// turn goes to the next task and the acquisition is released.
+    /// released to Redis, and `turn` comes back to ask Redis itself. Dropped
+    /// meanwhile, the turn goes to the next task and the acquisition is released.
     pub(crate) async fn take_over(
         &self,
         handed: Arc<Acquisition>,
