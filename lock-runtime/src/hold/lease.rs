@@ -1,8 +1,9 @@
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::notice::Notice;
 use crate::options::clock_drift;
 
 /// How long a hold is known valid by this process's clock: until the lease Redis
@@ -14,7 +15,9 @@ use crate::options::clock_drift;
 /// comes after a later one's. Either way the lease is counted as the shorter it
 /// could make it.
 pub(crate) struct Lease {
-    validity: watch::Sender<Validity>,
+    validity: Mutex<Validity>,
+    /// Told when the end moves sooner.
+    sooner: Notice,
 }
 
 #[derive(Clone, Copy)]
@@ -38,21 +41,35 @@ pub(crate) struct Renewal<'a> {
 impl Lease {
     pub(crate) fn new(sent_at: Instant, lease: Duration) -> Lease {
         Lease {
-            validity: watch::Sender::new(Validity {
+            validity: Mutex::new(Validity {
                 until: valid_until(sent_at, lease),
                 sent_at,
                 unanswered: None,
             }),
+            sooner: Notice::default(),
         }
     }
 
     pub(crate) fn is_valid(&self) -> bool {
-        Instant::now() < self.validity.borrow().until
+        Instant::now() < self.valid_until()
     }
 
     /// When the hold stops being known valid, as things stand.
     pub(crate) fn valid_until(&self) -> Instant {
-        self.validity.borrow().until
+        self.validity().until
+    }
+
+    fn validity(&self) -> MutexGuard<'_, Validity> {
+        self.validity.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies `change`, which returns whether it moved the end sooner, and tells
+    /// those watching for the end if it did.
+    fn change(&self, change: impl FnOnce(&mut Validity) -> bool) {
+        let sooner = change(&mut self.validity());
+        if sooner {
+            self.sooner.tell();
+        }
     }
 
     /// A renewal for `lease`, sent now or at `sent_at`, just before the request.
@@ -73,7 +90,7 @@ impl Lease {
     /// until the end it knew finds a later one when it wakes.
     fn renewed(&self, sent_at: Instant, lease: Duration) -> bool {
         let mut valid = false;
-        self.validity.send_if_modified(|validity| {
+        self.change(|validity| {
             let was_until = validity.until;
             valid = Instant::now() < was_until;
             if valid {
@@ -98,7 +115,7 @@ impl Lease {
     /// A renewal for `lease` sent at `sent_at` got no answer: the lease lasts no
     /// longer than that renewal would leave it, now or after a later renewal.
     fn unanswered(&self, sent_at: Instant, lease: Duration) {
-        self.validity.send_if_modified(|validity| {
+        self.change(|validity| {
             let shortest = validity
                 .unanswered
                 .map_or(lease, |shortest| shortest.min(lease));
@@ -114,39 +131,28 @@ impl Lease {
 
     /// Ends the lease now; true when it was still valid.
     pub(crate) fn end(&self) -> bool {
-        self.validity.send_if_modified(|validity| {
+        let mut valid = false;
+        self.change(|validity| {
             let now = Instant::now();
-            let valid = now < validity.until;
+            valid = now < validity.until;
             if valid {
                 validity.until = now;
             }
             valid
-        })
+        });
+        valid
     }
 
     /// Completes once the lease is over, following renewals.
     pub(crate) async fn ended(&self) {
-        self.watch_end().await
-    }
-
-    /// Completes once the lease is over, following renewals, or once the lease
-    /// itself is gone; holds nothing of it meanwhile.
-    pub(crate) fn watch_end(&self) -> impl Future<Output = ()> + Send + use<> {
-        let mut validity = self.validity.subscribe();
-        async move {
-            loop {
-                let until = validity.borrow_and_update().until;
-                if Instant::now() >= until {
-                    return;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep_until(until) => {}
-                    changed = validity.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                    }
-                }
+        loop {
+            let until = self.valid_until();
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = self.sooner.until(|| self.valid_until() < until) => {}
             }
         }
     }

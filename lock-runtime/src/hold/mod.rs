@@ -6,17 +6,18 @@ mod acquisition;
 mod guard;
 mod keeper;
 mod lease;
+mod notice;
 mod scope;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use self::acquisition::{Acquisition, Ending};
 pub use self::guard::LockGuard;
 use self::keeper::{Care, Keeper};
+use self::notice::Notice;
 pub(crate) use self::scope::Level;
 use crate::backend::Backend;
 use crate::key::LockName;
@@ -58,7 +59,7 @@ pub(crate) struct Hold {
     fence: Option<u64>,
     since: Instant,
     over: AtomicBool,
-    ended: Notify,
+    let_go: Notice,
 }
 
 impl Holds {
@@ -118,7 +119,7 @@ impl Hold {
             fence,
             since: Instant::now(),
             over: AtomicBool::new(false),
-            ended: Notify::new(),
+            let_go: Notice::default(),
         })
     }
 
@@ -149,15 +150,9 @@ impl Hold {
 
     /// Completes once the hold is over: let go, or its acquisition's lease ended.
     async fn ended(&self) {
-        loop {
-            let let_go = self.ended.notified();
-            if self.over.load(Ordering::Acquire) {
-                return;
-            }
-            tokio::select! {
-                () = self.acquisition.lease.ended() => return,
-                () = let_go => {}
-            }
+        tokio::select! {
+            () = self.acquisition.lease.ended() => {}
+            () = self.let_go.until(|| self.over.load(Ordering::Acquire)) => {}
         }
     }
 
@@ -166,7 +161,7 @@ impl Hold {
     fn end(&self) -> (bool, Ending) {
         let was_held = self.is_held();
         self.over.store(true, Ordering::Release);
-        self.ended.notify_waiters();
+        self.let_go.tell();
         let ending = self.acquisition.hand_on_or_release();
         let handed_on = matches!(ending, Ending::HandedOn);
         let kind = self.acquisition.holds.backend.kind();
