@@ -9,9 +9,9 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, Subscription};
 use crate::key::LockName;
@@ -25,7 +25,9 @@ pub(crate) struct Queues<H> {
     backend: Arc<Backend>,
     /// The client whose lines these are.
     client: Arc<str>,
-    lines: Mutex<HashMap<LineKey, Line<H>>>,
+    /// Looked up when a task joins a line and when the last place leaves it; in
+    /// between, a place goes to its line directly.
+    lines: Mutex<HashMap<LineKey, Arc<Line<H>>>>,
 }
 
 /// A line's key, the lock's Redis name, shared with the places in it: joining a
@@ -35,7 +37,11 @@ struct LineKey(Arc<LockName>);
 struct Line<H> {
     /// How the line was first joined: a lock, shared, or a semaphore's permits.
     kind: Kind,
-    turns: Arc<Semaphore>,
+    turns: Semaphore,
+    state: Mutex<LineState<H>>,
+}
+
+struct LineState<H> {
     /// Places taken in this line: tasks waiting, and those whose turn it is.
     places: usize,
     /// Places whose turn it is.
@@ -52,16 +58,14 @@ struct Line<H> {
 pub(crate) struct Place<H> {
     queues: Arc<Queues<H>>,
     name: Arc<LockName>,
-    turns: Arc<Semaphore>,
+    line: Arc<Line<H>>,
     /// How many of the line's turns this place takes.
     weight: u32,
 }
 
-/// A task's turn in its client's line for a key.
+/// A task's turn in its client's line for a key: `place.weight` of the line's
+/// turns, given back when it drops.
 pub(crate) struct Turn<H> {
-    // Declared first so that it drops first: the next in line goes when this does,
-    // and finds the line still there.
-    _permit: OwnedSemaphorePermit,
     place: Place<H>,
     /// What a turn that ended handed on, taken from the line as this turn began.
     handed: Option<H>,
@@ -90,28 +94,41 @@ impl<H> Queues<H> {
             Kind::Permit(permits) => (permits, 1),
         };
         let mut lines = self.lines();
-        let line = lines.entry(LineKey(name.clone())).or_insert_with(|| Line {
-            kind,
-            turns: Arc::new(Semaphore::new(capacity as usize)),
-            places: 0,
-            holding: 0,
-            releases: None,
-            handed: Vec::new(),
+        let line = lines.entry(LineKey(name.clone())).or_insert_with(|| {
+            Arc::new(Line {
+                kind,
+                turns: Semaphore::new(capacity as usize),
+                state: Mutex::new(LineState {
+                    places: 0,
+                    holding: 0,
+                    releases: None,
+                    handed: Vec::new(),
+                }),
+            })
         });
         if !line.kind.mixes_with(kind) {
             return Err(line.kind);
         }
-        line.places += 1;
+        // Under the map's lock, so that the last place leaving sees it.
+        line.state().places += 1;
         Ok(Place {
             queues: self.clone(),
             name: name.clone(),
-            turns: line.turns.clone(),
+            line: line.clone(),
             weight,
         })
     }
 
-    fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<LineKey, Line<H>>> {
+    fn lines(&self) -> MutexGuard<'_, HashMap<LineKey, Arc<Line<H>>>> {
         self.lines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl<H> Line<H> {
+    fn state(&self) -> MutexGuard<'_, LineState<H>> {
+        self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -121,29 +138,31 @@ impl<H> Place<H> {
     /// Waits for this place's turn: for the tasks ahead to have theirs, and for room
     /// among the turns taken.
     pub(crate) async fn turn(self) -> Turn<H> {
-        let turns = self.turns.clone().acquire_many_owned(self.weight).await;
-        self.started(turns.expect("a line's turns are never closed"))
+        let turns = self.line.turns.acquire_many(self.weight).await;
+        turns.expect("a line's turns are never closed").forget();
+        self.started()
     }
 
     /// The turn, if it is this place's at once; else the place, still in line.
     pub(crate) fn try_turn(self) -> Result<Turn<H>, Place<H>> {
-        match self.turns.clone().try_acquire_many_owned(self.weight) {
-            Ok(turns) => Ok(self.started(turns)),
+        let taken = self
+            .line
+            .turns
+            .try_acquire_many(self.weight)
+            .map(|turns| turns.forget());
+        match taken {
+            Ok(()) => Ok(self.started()),
             Err(_) => Err(self),
         }
     }
 
-    fn started(self, permit: OwnedSemaphorePermit) -> Turn<H> {
-        let handed = self
-            .queues
-            .lines()
-            .get_mut(self.name.hash())
-            .and_then(|line| {
-                line.holding += 1;
-                line.handed.pop()
-            });
+    fn started(self) -> Turn<H> {
+        let handed = {
+            let mut line = self.line.state();
+            line.holding += 1;
+            line.handed.pop()
+        };
         Turn {
-            _permit: permit,
             place: self,
             handed,
         }
@@ -154,19 +173,28 @@ impl<H> Drop for Place<H> {
     /// A place that goes before its turn leaves what was handed on for it to the
     /// tasks still waiting, and drops the rest, which gives it back to the store.
     fn drop(&mut self) {
-        let mut lines = self.queues.lines();
-        let Some(line) = lines.get_mut(self.name.hash()) else {
-            return;
-        };
+        let mut line = self.line.state();
         line.places -= 1;
         let waiting = line.places - line.holding;
-        let unclaimed = line.handed.split_off(waiting.min(line.handed.len()));
-        let emptied = match line.places {
-            0 => lines.remove(self.name.hash()),
-            _ => None,
+        let kept = waiting.min(line.handed.len());
+        let unclaimed = line.handed.split_off(kept);
+        let last = line.places == 0;
+        drop(line);
+        drop(unclaimed);
+        if !last {
+            return;
+        }
+        // Unless a task joined meanwhile, which it does under the map's lock, or
+        // the line left already and the key has a new one.
+        let mut lines = self.queues.lines();
+        let still_ours = lines
+            .get(self.name.hash())
+            .is_some_and(|line| Arc::ptr_eq(line, &self.line));
+        let emptied = match still_ours && self.line.state().places == 0 {
+            true => lines.remove(self.name.hash()),
+            false => None,
         };
         drop(lines);
-        drop(unclaimed);
         drop(emptied);
     }
 }
@@ -175,18 +203,14 @@ impl<H> Turn<H> {
     /// Leaves `handed` for the next task in line and ends this turn, if a task waits
     /// that nothing else was left for; otherwise gives both back.
     pub(crate) fn hand_on(self, handed: H) -> Result<(), (Turn<H>, H)> {
-        let place = &self.place;
-        let mut lines = place.queues.lines();
-        match lines.get_mut(place.name.hash()) {
-            Some(line) if line.places - line.holding > line.handed.len() => {
-                line.handed.push(handed);
-                drop(lines);
-                Ok(())
-            }
-            _ => {
-                drop(lines);
-                Err((self, handed))
-            }
+        let mut line = self.place.line.state();
+        if line.places - line.holding > line.handed.len() {
+            line.handed.push(handed);
+            drop(line);
+            Ok(())
+        } else {
+            drop(line);
+            Err((self, handed))
         }
     }
 
@@ -210,27 +234,22 @@ impl<H> Turn<H> {
             .await
             .ok()?;
         let releases = subscription.releases();
-        if let Some(line) = place.queues.lines().get_mut(place.name.hash()) {
-            line.releases = Some(subscription);
-        }
+        place.line.state().releases = Some(subscription);
         Some(releases)
     }
 
     /// The key's release signals if the line already listens for them.
     pub(crate) fn subscribed(&self) -> Option<watch::Receiver<u64>> {
-        let place = &self.place;
-        let lines = place.queues.lines();
-        let line = lines.get(place.name.hash())?;
+        let line = self.place.line.state();
         line.releases.as_ref().map(Subscription::releases)
     }
 }
 
 impl<H> Drop for Turn<H> {
     fn drop(&mut self) {
-        let place = &self.place;
-        if let Some(line) = place.queues.lines().get_mut(place.name.hash()) {
-            line.holding -= 1;
-        }
+        let line = &self.place.line;
+        line.turns.add_permits(self.place.weight as usize);
+        line.state().holding -= 1;
     }
 }
 
