@@ -1,7 +1,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -29,8 +29,8 @@ pub struct LockGuard {
     hold: Arc<Hold>,
     role: Role,
     /// The turn that sections re-entering the key inside this guard's scope take,
-    /// one at a time.
-    sections: Arc<Mutex<()>>,
+    /// one at a time; made by the first scope.
+    sections: OnceLock<Arc<Mutex<()>>>,
     /// The guards of the other keys of a multi-key guard, in the order taken; each
     /// holds one key and no others.
     others: Vec<LockGuard>,
@@ -50,7 +50,7 @@ impl LockGuard {
         LockGuard {
             hold,
             role: Role::Owner,
-            sections: Arc::default(),
+            sections: OnceLock::new(),
             others: Vec::new(),
         }
     }
@@ -59,7 +59,7 @@ impl LockGuard {
         LockGuard {
             hold,
             role: Role::View(turn),
-            sections: Arc::default(),
+            sections: OnceLock::new(),
             others: Vec::new(),
         }
     }
@@ -160,9 +160,12 @@ impl LockGuard {
     /// # }
     /// ```
     pub async fn scope<F: Future>(&self, future: F) -> F::Output {
-        let holds = self
-            .parts()
-            .map(|part| (part.hold.clone(), part.sections.clone()));
+        let holds = self.parts().map(|part| {
+            (
+                part.hold.clone(),
+                part.sections.get_or_init(Arc::default).clone(),
+            )
+        });
         scope::enter(holds, future).await
     }
 
