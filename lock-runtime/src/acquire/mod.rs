@@ -140,14 +140,22 @@ impl Tokens {
     /// A new token, which says what kind of hold it asks for, so that the store can
     /// tell what its holders and waiters want (see `backend/scripts/holders.lua`).
     fn next(&self, kind: Kind) -> Arc<str> {
+        use std::io::Write;
         let number = self.issued.fetch_add(1, Ordering::Relaxed);
         let client = &self.client;
-        match kind {
-            Kind::Exclusive => format!("{client}:{number}"),
-            Kind::Shared => format!("{client}:{number}:shared"),
-            Kind::Permit(permits) => format!("{client}:{number}:permits={permits}"),
-        }
-        .into()
+        // Written on the stack and copied once into the token's one allocation.
+        let mut text = [0u8; 96];
+        let mut cursor = std::io::Cursor::new(&mut text[..]);
+        let written = match kind {
+            Kind::Exclusive => write!(cursor, "{client}:{number}"),
+            Kind::Shared => write!(cursor, "{client}:{number}:shared"),
+            Kind::Permit(permits) => write!(cursor, "{client}:{number}:permits={permits}"),
+        };
+        written.expect("a 32-digit client id and two numbers fit in 96 bytes");
+        let length = cursor.position() as usize;
+        std::str::from_utf8(&text[..length])
+            .expect("a token is ASCII")
+            .into()
     }
 }
 
