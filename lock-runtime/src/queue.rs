@@ -228,11 +228,10 @@ impl<H> Turn<H> {
         }
         let place = &self.place;
         let queues = &place.queues;
-        let subscription = queues
-            .backend
-            .subscribe(&place.name, &queues.client)
-            .await
-            .ok()?;
+        // Boxed: subscribing may connect, and that state would otherwise weigh on
+        // every acquire's future, which is moved as a whole on its way in.
+        let subscribing = Box::pin(queues.backend.subscribe(&place.name, &queues.client));
+        let subscription = subscribing.await.ok()?;
         let releases = subscription.releases();
         place.line.state().releases = Some(subscription);
         Some(releases)
