@@ -285,8 +285,12 @@ impl ScriptCall {
     ) -> RedisResult<T> {
         match self.command.query_async(connection).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script.load_async(connection).await?;
-                self.command.query_async(connection).await
+                // Boxed: the rare way, kept out of every call's future.
+                Box::pin(async {
+                    self.script.load_async(connection).await?;
+                    self.command.query_async(connection).await
+                })
+                .await
             }
             answer => answer,
         }

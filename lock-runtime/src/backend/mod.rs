@@ -238,10 +238,10 @@ impl Backend {
         match &self.store {
             Store::Redis(node) => node.acquire(name, token, kind, lease, fencing, queue).await,
             Store::Memory(memory) => Ok(memory.acquire(name, token, kind, lease, fencing, queue)),
+            // Redlock's state for several masters is boxed, so that it does not
+            // weigh on every request's future.
             Store::Redlock(redlock) => {
-                redlock
-                    .acquire(name, token, kind, lease, fencing, queue)
-                    .await
+                Box::pin(redlock.acquire(name, token, kind, lease, fencing, queue)).await
             }
         }
     }
@@ -273,7 +273,7 @@ impl Backend {
                 true => Released::Freed,
                 false => Released::NotHeld,
             }),
-            Store::Redlock(redlock) => redlock.release(name, token).await,
+            Store::Redlock(redlock) => Box::pin(redlock.release(name, token)).await,
         }
     }
 
@@ -300,7 +300,7 @@ impl Backend {
         let backend = self.clone();
         let request = async move {
             let released = match keep {
-                Some(keep) => match backend.renew(&name, &token, keep).await {
+                Some(keep) => match Box::pin(backend.renew(&name, &token, keep)).await {
                     Ok(true) => Ok(Released::Freed),
                     Ok(false) => Ok(Released::NotHeld),
                     Err(error) => Err(error),

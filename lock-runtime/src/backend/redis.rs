@@ -203,6 +203,20 @@ impl RedisNode {
                 Err(source) => return Err(LockError::backend(name.key(), source)),
             }
         }
+        // Boxed, so that the script's state does not weigh on the `SET NX` future.
+        Box::pin(self.acquire_by_script(name, token, lease, fencing, queue)).await
+    }
+
+    /// The acquire script: for the kinds, the queue and fencing.
+    async fn acquire_by_script(
+        &self,
+        name: &LockName,
+        token: &str,
+        lease: Duration,
+        fencing: bool,
+        queue: Queue,
+    ) -> Result<Attempt, LockError> {
+        let mut connection = self.connection.clone();
         let (mode, stay) = match queue {
             Queue::Respect => ("respect", Duration::ZERO),
             Queue::Join(stay) => ("join", stay),
@@ -269,7 +283,7 @@ impl RedisNode {
                 acknowledged,
                 required,
             } => {
-                self.release(name, token, Waiters::Queue).await?;
+                Box::pin(self.release(name, token, Waiters::Queue)).await?;
                 Ok(Attempt::Unreplicated {
                     acknowledged,
                     required,
@@ -293,7 +307,8 @@ impl RedisNode {
         {
             return Ok(Released::Freed);
         }
-        self.leave(name, token, waiters).await
+        // Boxed, as the rarer way: its state would weigh on every release's future.
+        Box::pin(self.leave(name, token, waiters)).await
     }
 
     /// Takes `token` out of the queue, or frees the lock if `token` holds it, telling
@@ -323,21 +338,14 @@ impl RedisNode {
     /// Deletes the lock if its value is `token` alone; whether it did.
     async fn release_alone(&self, name: &LockName, token: &str) -> Result<bool, LockError> {
         let known = CompareAndDelete::from(self.compare_and_delete.load(Ordering::Relaxed));
-        let Some(native) = known.command(name.hash(), token) else {
-            let mut invocation = ScriptCall::new(&RELEASE_ALONE, &[name.hash()]);
-            invocation.arg(token);
-            let invocation = &invocation;
-            let deleted: i64 = self
-                .idempotent(name, |mut connection| async move {
-                    invocation.invoke(&mut connection).await
-                })
-                .await?;
-            return Ok(deleted == 1);
-        };
-        let native = &native;
+        let deletion = &known.request(name.hash(), token);
+        // One call for either request, so that the release's future holds one.
         let deleted = self
             .idempotent(name, |mut connection| async move {
-                native.query_async::<i64>(&mut connection).await
+                match deletion {
+                    Deletion::Native(command) => command.query_async::<i64>(&mut connection).await,
+                    Deletion::Script(invocation) => invocation.invoke(&mut connection).await,
+                }
             })
             .await;
         match deleted {
@@ -632,11 +640,13 @@ async fn retried_once<T, F>(
 where
     F: Future<Output = redis::RedisResult<T>>,
 {
-    match bounded(limit, call(connection.clone())).await {
-        Err(error) if error.is_connection_dropped() => {
-            bounded(limit, call(connection.clone())).await
+    // One await in a loop, not two in a row: the future then holds one call.
+    let mut retried = false;
+    loop {
+        match bounded(limit, call(connection.clone())).await {
+            Err(error) if error.is_connection_dropped() && !retried => retried = true,
+            answer => return answer,
         }
-        answer => answer,
     }
 }
 
@@ -656,11 +666,22 @@ async fn has_set_ifeq(connection: &mut Connection, limit: Duration) -> bool {
     answer.is_ok()
 }
 
+/// A compare-and-delete of one lock, as the server takes it.
+enum Deletion {
+    Native(redis::Cmd),
+    Script(ScriptCall),
+}
+
 impl CompareAndDelete {
-    /// The server's own command that deletes `lock` if its value is `token`.
-    fn command(self, lock: &str, token: &str) -> Option<redis::Cmd> {
+    /// The request that deletes `lock` if its value is `token`: the server's own
+    /// command, or else the script.
+    fn request(self, lock: &str, token: &str) -> Deletion {
         let mut command = match self {
-            CompareAndDelete::Script => return None,
+            CompareAndDelete::Script => {
+                let mut invocation = ScriptCall::new(&RELEASE_ALONE, &[lock]);
+                invocation.arg(token);
+                return Deletion::Script(invocation);
+            }
             CompareAndDelete::Delifeq => redis::cmd("DELIFEQ"),
             CompareAndDelete::Delex => redis::cmd("DELEX"),
         };
@@ -669,7 +690,7 @@ impl CompareAndDelete {
             command.arg("IFEQ");
         }
         command.arg(token);
-        Some(command)
+        Deletion::Native(command)
     }
 }
 
@@ -689,7 +710,7 @@ impl From<u8> for CompareAndDelete {
 /// it (an ACL line without `+delifeq`) leaves one entry there, and the script serves.
 async fn compare_and_delete(connection: &mut Connection, limit: Duration) -> CompareAndDelete {
     for native in [CompareAndDelete::Delifeq, CompareAndDelete::Delex] {
-        let Some(probe) = native.command("lock:{probe}", "probe") else {
+        let Deletion::Native(probe) = native.request("lock:{probe}", "probe") else {
             continue;
         };
         if bounded(limit, probe.query_async::<i64>(connection))
