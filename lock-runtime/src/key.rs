@@ -121,14 +121,19 @@ impl LockName {
         } else {
             let mut names = String::with_capacity(6 * (key.len() + 8) + 40);
             names.push_str("lock:{");
-            for c in key.chars() {
-                match c {
-                    '%' => names.push_str("%25"),
-                    '{' => names.push_str("%7B"),
-                    '}' => names.push_str("%7D"),
-                    c => names.push(c),
-                }
+            let mut rest = key;
+            // Bytes, not chars: the three are ASCII, which no other character's UTF-8
+            // contains.
+            while let Some(at) = rest.bytes().position(|b| matches!(b, b'%' | b'{' | b'}')) {
+                names.push_str(&rest[..at]);
+                names.push_str(match rest.as_bytes()[at] {
+                    b'%' => "%25",
+                    b'{' => "%7B",
+                    _ => "%7D",
+                });
+                rest = &rest[at + 1..];
             }
+            names.push_str(rest);
             names.push('}');
             let hash_end = names.len();
             let mut ends = [hash_end; 5];

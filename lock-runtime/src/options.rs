@@ -361,12 +361,12 @@ impl Kind {
     /// What a token asks for, as `backend/scripts/holders.lua` reads it: `<client>:<n>`
     /// a lock, `<client>:<n>:shared`, or `<client>:<n>:permits=<permits>`.
     pub(crate) fn of_token(token: &str) -> Kind {
-        if token.ends_with(":shared") {
+        let last = token.rsplit_once(':').map_or("", |(_, last)| last);
+        if last == "shared" {
             return Kind::Shared;
         }
-        token
-            .rsplit_once(":permits=")
-            .and_then(|(_, permits)| permits.parse().ok())
+        last.strip_prefix("permits=")
+            .and_then(|permits| permits.parse().ok())
             .map_or(Kind::Exclusive, Kind::Permit)
     }
 
