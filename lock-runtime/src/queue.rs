@@ -8,6 +8,7 @@
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -187,12 +188,13 @@ impl<H> Drop for Place<H> {
         // Unless a task joined meanwhile, which it does under the map's lock, or
         // the line left already and the key has a new one.
         let mut lines = self.queues.lines();
-        let still_ours = lines
-            .get(self.name.hash())
-            .is_some_and(|line| Arc::ptr_eq(line, &self.line));
-        let emptied = match still_ours && self.line.state().places == 0 {
-            true => lines.remove(self.name.hash()),
-            false => None,
+        let emptied = match lines.entry(LineKey(self.name.clone())) {
+            Entry::Occupied(line)
+                if Arc::ptr_eq(line.get(), &self.line) && self.line.state().places == 0 =>
+            {
+                Some(line.remove())
+            }
+            _ => None,
         };
         drop(lines);
         drop(emptied);
