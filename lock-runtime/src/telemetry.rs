@@ -4,7 +4,7 @@
 //! Without the features every call here is empty.
 
 use std::future::Future;
-use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::LockError;
 
@@ -37,14 +37,17 @@ pub(crate) fn attempted(attempts: u32) {
     let _ = attempts;
 }
 
-/// How an acquire ended, after waiting `waited`, on a store of `kind`.
-pub(crate) fn acquired<T>(outcome: &Result<T, LockError>, waited: Duration, kind: &'static str) {
+/// How an acquire started at `started` ended, on a store of `kind`.
+pub(crate) fn acquired<T>(outcome: &Result<T, LockError>, started: Instant, kind: &'static str) {
     let outcome = match outcome {
         Ok(_) => "acquired",
         Err(LockError::Busy { .. }) => "busy",
         Err(LockError::Timeout { .. }) => "timeout",
         Err(_) => "error",
     };
+    // Read only where something records it.
+    #[cfg(any(feature = "tracing", feature = "metrics"))]
+    let waited = started.elapsed();
     #[cfg(feature = "tracing")]
     {
         let span = tracing::Span::current();
@@ -63,20 +66,20 @@ pub(crate) fn acquired<T>(outcome: &Result<T, LockError>, waited: Duration, kind
         metrics::histogram!("distributed_lock_wait_seconds", "backend" => kind)
             .record(waited.as_secs_f64());
     }
-    let _ = (outcome, waited, kind);
+    let _ = (outcome, started, kind);
 }
 
-/// A hold of `key` ended after `held`: released, or handed on within the client.
-pub(crate) fn held(held: Duration, handed_on: bool, kind: &'static str) {
+/// A hold that began at `since` ended: released, or handed on within the client.
+pub(crate) fn held(since: Instant, handed_on: bool, kind: &'static str) {
     #[cfg(feature = "metrics")]
     {
         metrics::histogram!("distributed_lock_hold_seconds", "backend" => kind)
-            .record(held.as_secs_f64());
+            .record(since.elapsed().as_secs_f64());
         if handed_on {
             metrics::counter!("distributed_lock_hand_offs_total", "backend" => kind).increment(1);
         }
     }
-    let _ = (held, handed_on, kind);
+    let _ = (since, handed_on, kind);
 }
 
 /// The lease on `key` is known lost for good.

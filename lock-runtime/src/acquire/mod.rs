@@ -77,7 +77,7 @@ impl Acquirer {
         let acquiring = async {
             let started = Instant::now();
             let acquired = self.take(key, plan, started, deadline).await;
-            telemetry::acquired(&acquired, started.elapsed(), self.backend.kind());
+            telemetry::acquired(&acquired, started, self.backend.kind());
             acquired
         };
         telemetry::acquire_span(key, acquiring).await

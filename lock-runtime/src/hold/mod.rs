@@ -165,7 +165,7 @@ impl Hold {
         let ending = self.acquisition.hand_on_or_release();
         let handed_on = matches!(ending, Ending::HandedOn);
         let kind = self.acquisition.holds.backend.kind();
-        telemetry::held(self.since.elapsed(), handed_on, kind);
+        telemetry::held(self.since, handed_on, kind);
         (was_held, ending)
     }
 }
