@@ -4,6 +4,7 @@
 //! Without the features every call here is empty.
 
 use std::future::Future;
+
 use tokio::time::Instant;
 
 use crate::LockError;

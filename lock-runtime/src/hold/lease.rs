@@ -65,11 +65,12 @@ impl Lease {
 
     /// Applies `change`, which returns whether it moved the end sooner, and tells
     /// those watching for the end if it did.
-    fn change(&self, change: impl FnOnce(&mut Validity) -> bool) {
+    fn change(&self, change: impl FnOnce(&mut Validity) -> bool) -> bool {
         let sooner = change(&mut self.validity());
         if sooner {
             self.sooner.tell();
         }
+        sooner
     }
 
     /// A renewal for `lease`, sent now or at `sent_at`, just before the request.
@@ -131,16 +132,14 @@ impl Lease {
 
     /// Ends the lease now; true when it was still valid.
     pub(crate) fn end(&self) -> bool {
-        let mut valid = false;
         self.change(|validity| {
             let now = Instant::now();
-            valid = now < validity.until;
+            let valid = now < validity.until;
             if valid {
                 validity.until = now;
             }
             valid
-        });
-        valid
+        })
     }
 
     /// Completes once the lease is over, following renewals.
