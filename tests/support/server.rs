@@ -30,6 +30,9 @@ pub struct ServerVersion {
     pub number: (u32, u32, u32),
 }
 
+/// Where a server's folder keeps what it logs.
+const LOG: &str = "server.log";
+
 /// A server of its own ([`server_binary`]), on a free loopback port, keeping nothing
 /// on disk unless asked. Killed, and its folder removed, when dropped.
 pub struct RedisServer {
@@ -113,6 +116,7 @@ impl RedisServer {
     ) -> RedisServer {
         // A port free a moment ago may be taken by now (or, on a Cluster, the bus
         // port 10000 above it): try another.
+        let mut last_said = String::new();
         for _ in 0..5 {
             let port = free_port();
             let dir =
@@ -135,6 +139,8 @@ impl RedisServer {
             if server.launch().is_ok() {
                 return server;
             }
+            // Read now: the folder goes with the server.
+            last_said = std::fs::read_to_string(server.dir.join(LOG)).unwrap_or_default();
         }
         if tls.is_some() && !binary_serves_tls() {
             panic!(
@@ -142,7 +148,11 @@ impl RedisServer {
                  scripts/test skips them there (`--skip secured::tls::`)"
             );
         }
-        panic!("{binary} exited at start on 5 different free ports; run it by hand to see why");
+        let said: Vec<&str> = last_said.lines().rev().take(5).collect();
+        panic!(
+            "{binary} exited at start on 5 different free ports; the last one said:\n{}",
+            said.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
     }
 
     /// `redis://127.0.0.1:<port>` (`rediss://` with TLS), with the password when the
@@ -232,7 +242,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(&self.dir)
             .args(&self.args)
-            .stdout(Stdio::null())
+            .stdout(self.log_file())
             .stderr(Stdio::null());
         let child = match command.spawn() {
             Ok(child) => child,
@@ -243,6 +253,15 @@ impl RedisServer {
         };
         self.child = Some(child);
         self.wait_until_ready()
+    }
+
+    /// The server's log in its folder, appended to by each start.
+    fn log_file(&self) -> Stdio {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(LOG))
+            .map_or_else(|_| Stdio::null(), Stdio::from)
     }
 
     /// `SIGSTOP`: the server freezes, as in a long stall, until [`thaw`](Self::thaw).
@@ -380,16 +399,18 @@ impl Drop for RedisServer {
     }
 }
 
-/// A loopback port that was free a moment ago, for a server. Taken below the ports
-/// the system gives outgoing connections (32768 and up on Linux), and in turn through
-/// that range, so that the port of a server that was stopped to be started again
-/// (a failover's old primary) is neither a client's by then nor another server's.
-/// The range is 10000 ports wide, so that a Cluster node's bus port, 10000 above its
-/// own, is never another server's port: a Cluster's six nodes on consecutive ports
-/// once took the bus ports of five tries in a row, and a node failed to start.
+/// A loopback port that was free a moment ago, for a server, with the port a Cluster
+/// node would take for its bus, 10000 above it, free too. Both ranges lie below the
+/// ports the system gives outgoing connections (32768 and up on Linux), which a
+/// suite's many clients take in runs: a bus port among them failed a Cluster node's
+/// start five times in a row. And they do not overlap, so no server's bus port is
+/// another server's port. Ports are taken in turn, so that the port of a server that
+/// was stopped to be started again (a failover's old primary) is neither a client's
+/// by then nor another server's.
 pub(crate) fn free_port() -> u16 {
-    const FIRST: u16 = 20_000;
+    const FIRST: u16 = 12_000;
     const COUNT: u16 = 10_000;
+    const BUS_OFFSET: u16 = 10_000;
     static NEXT: OnceLock<AtomicU16> = OnceLock::new();
     let next = NEXT.get_or_init(|| {
         let nanos = std::time::SystemTime::now()
@@ -397,9 +418,10 @@ pub(crate) fn free_port() -> u16 {
             .map_or(0, |since| since.subsec_nanos());
         AtomicU16::new(((nanos ^ std::process::id()) % u32::from(COUNT)) as u16)
     });
+    let free = |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok();
     for _ in 0..COUNT {
         let port = FIRST + next.fetch_add(1, Ordering::Relaxed) % COUNT;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if free(port) && free(port + BUS_OFFSET) {
             return port;
         }
     }
