@@ -402,11 +402,11 @@ impl Drop for RedisServer {
 /// A loopback port that was free a moment ago, for a server, with the port a Cluster
 /// node would take for its bus, 10000 above it, free too. Both ranges lie below the
 /// ports the system gives outgoing connections (32768 and up on Linux), which a
-/// suite's many clients take in runs: a bus port among them failed a Cluster node's
-/// start five times in a row. And they do not overlap, so no server's bus port is
-/// another server's port. Ports are taken in turn, so that the port of a server that
-/// was stopped to be started again (a failover's old primary) is neither a client's
-/// by then nor another server's.
+/// suite's many clients take in runs (a Cluster node once failed to start on five
+/// ports in a row, each with its bus port in that range), and they do not overlap,
+/// so no server's bus port is another server's port. Ports are taken in turn, so
+/// that the port of a server that was stopped to be started again (a failover's old
+/// primary) is neither a client's by then nor another server's.
 pub(crate) fn free_port() -> u16 {
     const FIRST: u16 = 12_000;
     const COUNT: u16 = 10_000;
