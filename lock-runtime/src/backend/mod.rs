@@ -238,10 +238,10 @@ impl Backend {
         match &self.store {
             Store::Redis(node) => node.acquire(name, token, kind, lease, fencing, queue).await,
             Store::Memory(memory) => Ok(memory.acquire(name, token, kind, lease, fencing, queue)),
-            // Redlock's state for several masters is boxed, so that it does not
-            // weigh on every request's future.
             Store::Redlock(redlock) => {
-                Box::pin(redlock.acquire(name, token, kind, lease, fencing, queue)).await
+                redlock
+                    .acquire(name, token, kind, lease, fencing, queue)
+                    .await
             }
         }
     }
@@ -273,7 +273,7 @@ impl Backend {
                 true => Released::Freed,
                 false => Released::NotHeld,
             }),
-            Store::Redlock(redlock) => Box::pin(redlock.release(name, token)).await,
+            Store::Redlock(redlock) => redlock.release(name, token).await,
         }
     }
 
