@@ -1,5 +1,6 @@
 use std::fmt::{self, Display, Write};
 use std::ops::Deref;
+use std::sync::OnceLock;
 
 use crate::LockError;
 
@@ -101,12 +102,20 @@ impl fmt::Debug for LockKey {
 /// can move the tag.
 #[derive(Debug, Clone)]
 pub(crate) struct LockName {
-    /// The names back to back in one allocation, as every acquisition builds them:
-    /// the lock, then its companions in `SUFFIXES`' order, then the key as the caller
-    /// gave it.
+    /// The lock's own name, then the key as the caller gave it, in one allocation.
     names: String,
-    /// Where each name ends in `names`.
-    ends: [usize; 5],
+    /// Where the lock's name ends in `names`.
+    hash_end: usize,
+    /// Built when first asked for: the everyday acquire and release name the lock
+    /// alone, while the queue, the fence and the channels serve the rarer ways.
+    companions: OnceLock<Companions>,
+}
+
+/// The names beside the lock's own, back to back in `SUFFIXES`' order.
+#[derive(Debug, Clone)]
+struct Companions {
+    names: String,
+    ends: [usize; 4],
 }
 
 /// The companions' suffixes, after the lock's own name.
@@ -119,7 +128,7 @@ impl LockName {
         } else if key.len() > MAX_KEY_LEN {
             "a key must be at most 64 KiB; derive a shorter key (an id or a hash) from the data"
         } else {
-            let mut names = String::with_capacity(6 * (key.len() + 8) + 40);
+            let mut names = String::with_capacity(2 * key.len() + 16);
             names.push_str("lock:{");
             let mut rest = key;
             // Bytes, not chars: the three are ASCII, which no other character's UTF-8
@@ -136,14 +145,12 @@ impl LockName {
             names.push_str(rest);
             names.push('}');
             let hash_end = names.len();
-            let mut ends = [hash_end; 5];
-            for (end, suffix) in ends[1..].iter_mut().zip(SUFFIXES) {
-                names.extend_from_within(..hash_end);
-                names.push_str(suffix);
-                *end = names.len();
-            }
             names.push_str(key);
-            return Ok(LockName { names, ends });
+            return Ok(LockName {
+                names,
+                hash_end,
+                companions: OnceLock::new(),
+            });
         };
         Err(LockError::InvalidKey {
             key: key.to_owned(),
@@ -153,37 +160,48 @@ impl LockName {
 
     /// The key as the caller gave it (`order:42`).
     pub(crate) fn key(&self) -> &str {
-        &self.names[self.ends[4]..]
-    }
-
-    fn nth(&self, n: usize) -> &str {
-        let start = n.checked_sub(1).map_or(0, |before| self.ends[before]);
-        &self.names[start..self.ends[n]]
+        &self.names[self.hash_end..]
     }
 
     /// The lock's own key.
     pub(crate) fn hash(&self) -> &str {
-        self.nth(0)
+        &self.names[..self.hash_end]
+    }
+
+    fn companion(&self, n: usize) -> &str {
+        let companions = self.companions.get_or_init(|| {
+            let hash = self.hash();
+            let mut names = String::with_capacity(4 * hash.len() + 32);
+            let mut ends = [0; 4];
+            for (end, suffix) in ends.iter_mut().zip(SUFFIXES) {
+                names.push_str(hash);
+                names.push_str(suffix);
+                *end = names.len();
+            }
+            Companions { names, ends }
+        });
+        let start = n.checked_sub(1).map_or(0, |before| companions.ends[before]);
+        &companions.names[start..companions.ends[n]]
     }
 
     pub(crate) fn fence(&self) -> &str {
-        self.nth(1)
+        self.companion(0)
     }
 
     /// Where releases are announced to every waiter (Redlock, memory).
     pub(crate) fn channel(&self) -> &str {
-        self.nth(2)
+        self.companion(1)
     }
 
     /// The clients waiting for the lock, oldest first (one Redis, Sentinel, Cluster).
     pub(crate) fn queue(&self) -> &str {
-        self.nth(3)
+        self.companion(2)
     }
 
     /// Prefix of the channel on which each waiting client hears that it was passed
     /// the lock: the client's id follows.
     pub(crate) fn grants(&self) -> &str {
-        self.nth(4)
+        self.companion(3)
     }
 }
 
