@@ -140,19 +140,27 @@ impl Tokens {
     /// A new token, which says what kind of hold it asks for, so that the store can
     /// tell what its holders and waiters want (see `backend/scripts/holders.lua`).
     fn next(&self, kind: Kind) -> Arc<str> {
-        use std::io::Write;
         let number = self.issued.fetch_add(1, Ordering::Relaxed);
-        let client = &self.client;
-        // Written on the stack and copied once into the token's one allocation.
-        let mut text = [0u8; 96];
-        let mut cursor = std::io::Cursor::new(&mut text[..]);
-        let written = match kind {
-            Kind::Exclusive => write!(cursor, "{client}:{number}"),
-            Kind::Shared => write!(cursor, "{client}:{number}:shared"),
-            Kind::Permit(permits) => write!(cursor, "{client}:{number}:permits={permits}"),
+        let (mut digits, mut permit_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let number = digits.format(number);
+        let parts = match kind {
+            Kind::Exclusive => [&*self.client, ":", number, "", ""],
+            Kind::Shared => [&*self.client, ":", number, ":shared", ""],
+            Kind::Permit(permits) => [
+                &*self.client,
+                ":",
+                number,
+                ":permits=",
+                permit_digits.format(permits),
+            ],
         };
-        written.expect("a 32-digit client id and two numbers fit in 96 bytes");
-        let length = cursor.position() as usize;
+        // Put together on the stack and copied once into the token's one allocation.
+        let mut text = [0u8; 96];
+        let mut length = 0;
+        for part in parts {
+            text[length..length + part.len()].copy_from_slice(part.as_bytes());
+            length += part.len();
+        }
         std::str::from_utf8(&text[..length])
             .expect("a token is ASCII")
             .into()
