@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, Script};
+use redis::{Cmd, ErrorKind, RedisError, Script};
 use tokio::sync::OnceCell;
 use tokio::task::JoinSet;
 
@@ -180,9 +180,8 @@ impl RedisNode {
             // `GET` makes it fail with `WRONGTYPE` on a key that is no string: holders
             // that share the key, or a lock left by an older version. The script tells
             // those apart.
-            let mut set = redis::cmd("SET");
-            set.arg(name.hash())
-                .arg(token)
+            let mut set = on_lock("SET", name.hash());
+            set.arg(token)
                 .arg("NX")
                 .arg("PX")
                 .arg(lease_ms(lease))
@@ -457,9 +456,8 @@ impl RedisNode {
         if !self.has_set_ifeq.load(Ordering::Relaxed) || Kind::of_token(token) != Kind::Exclusive {
             return Ok(None);
         }
-        let mut set = redis::cmd("SET");
-        set.arg(name.hash())
-            .arg(token)
+        let mut set = on_lock("SET", name.hash());
+        set.arg(token)
             .arg("IFEQ")
             .arg(token)
             .arg("PX")
@@ -667,8 +665,17 @@ async fn has_set_ifeq(connection: &mut Connection, limit: Duration) -> bool {
 }
 
 /// A compare-and-delete of one lock, as the server takes it.
+/// `command` on `lock`, with room for a token and a few words more: `redis::cmd`
+/// starts its buffers empty, and growing them cost the everyday acquire more than
+/// the rest of building it.
+fn on_lock(command: &str, lock: &str) -> Cmd {
+    let mut built = Cmd::with_capacity(8, lock.len() + 128);
+    built.arg(command).arg(lock);
+    built
+}
+
 enum Deletion {
-    Native(redis::Cmd),
+    Native(Cmd),
     Script(ScriptCall),
 }
 
@@ -682,10 +689,9 @@ impl CompareAndDelete {
                 invocation.arg(token);
                 return Deletion::Script(invocation);
             }
-            CompareAndDelete::Delifeq => redis::cmd("DELIFEQ"),
-            CompareAndDelete::Delex => redis::cmd("DELEX"),
+            CompareAndDelete::Delifeq => on_lock("DELIFEQ", lock),
+            CompareAndDelete::Delex => on_lock("DELEX", lock),
         };
-        command.arg(lock);
         if self == CompareAndDelete::Delex {
             command.arg("IFEQ");
         }
