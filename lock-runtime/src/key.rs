@@ -133,7 +133,7 @@ impl LockName {
             let mut rest = key;
             // Bytes, not chars: the three are ASCII, which no other character's UTF-8
             // contains.
-            while let Some(at) = rest.bytes().position(|b| matches!(b, b'%' | b'{' | b'}')) {
+            while let Some(at) = memchr::memchr3(b'%', b'{', b'}', rest.as_bytes()) {
                 names.push_str(&rest[..at]);
                 names.push_str(match rest.as_bytes()[at] {
                     b'%' => "%25",
