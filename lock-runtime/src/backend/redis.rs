@@ -664,7 +664,6 @@ async fn has_set_ifeq(connection: &mut Connection, limit: Duration) -> bool {
     answer.is_ok()
 }
 
-/// A compare-and-delete of one lock, as the server takes it.
 /// `command` on `lock`, with room for a token and a few words more: `redis::cmd`
 /// starts its buffers empty, and growing them cost the everyday acquire more than
 /// the rest of building it.
@@ -674,6 +673,7 @@ fn on_lock(command: &str, lock: &str) -> Cmd {
     built
 }
 
+/// A compare-and-delete of one lock, as the server takes it.
 enum Deletion {
     Native(Cmd),
     Script(ScriptCall),
