@@ -54,15 +54,26 @@ async fn leases_that_fall_due_together_are_renewed_in_one_request() {
         assert!(left.is_some(), "kept:{lock} is no longer in Redis");
     }
 
-    // One lock taken from its holder: its renewal in the next request is refused,
-    // and it alone is lost.
+    // One lock taken from its holder by another: its renewal in the next request is
+    // refused, and it alone is lost.
     assert!(operator.force_unlock("kept:7").await.unwrap());
+    let taker = operator
+        .acquire("kept:7", &LockOptions::new().lease(Duration::from_secs(10)))
+        .await
+        .unwrap();
     tokio::time::timeout(lease / 2, guards[7].lost())
         .await
         .expect("the lock taken away is known lost by its next renewal");
+    assert!(taker.is_held());
     tokio::time::sleep(lease).await;
     for (lock, guard) in guards.iter().enumerate().filter(|(lock, _)| *lock != 7) {
         assert!(guard.is_held(), "kept:{lock} was lost with kept:7");
     }
     assert!(!guards[7].is_held());
+    let left = operator.lease_left("kept:7").await.unwrap().unwrap();
+    assert!(
+        left > Duration::from_secs(5),
+        "the stale holder's renewals set the taker's lease to {left:?}"
+    );
+    taker.release().await.unwrap();
 }
