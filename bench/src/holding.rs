@@ -11,6 +11,7 @@ use lock_tests::RedisServer;
 use tokio::task::JoinSet;
 
 use crate::scenarios::{Usage, data_connection, redis_cpu};
+use crate::stats::median;
 
 /// Each lock's lease, renewed by the watchdog every third of it.
 const LEASE: Duration = Duration::from_secs(3);
@@ -18,7 +19,6 @@ const LEASE: Duration = Duration::from_secs(3);
 const MEASURED: Duration = Duration::from_secs(6);
 
 struct Held {
-    locks: usize,
     client_cpu: Duration,
     redis_cpu: Option<Duration>,
     commands: Option<u64>,
@@ -26,42 +26,67 @@ struct Held {
     still_held: usize,
 }
 
-/// The "Keeping many locks" section of the report.
-pub(crate) async fn keeping_many_locks(counts: &[usize]) -> String {
-    let mut out = String::from(
+/// The "Keeping many locks" section of the report: `rounds` rounds, each holding
+/// every count in turn.
+pub(crate) async fn keeping_many_locks(counts: &[usize], rounds: usize) -> String {
+    let mut out = format!(
         "## Keeping many locks\n\n\
          One client takes this many locks, each on a 3 s lease renewed by the watchdog \
          every second, and holds them; measured over 6 s once the renewals run, on a \
-         redis-server of its own. CPU is given as a share of one core. Memory: the bytes \
+         redis-server of its own. CPU is given as a share of one core: the median of \
+         {rounds} rounds, with the lowest and highest in brackets. Memory: the bytes \
          the client's heap grew by per lock held, from before the locks were taken to \
-         the end of the measured time.\n\n\
-         | Locks held | Client CPU | Redis CPU | Redis commands/s | Memory per held lock | Still held at the end |\n\
+         the end of the measured time (median).\n\n\
+         | Locks held | Client CPU | Redis CPU | Redis commands/s | Memory per held lock | Still held at the end (fewest) |\n\
          |--:|--:|--:|--:|--:|--:|\n",
     );
-    for &locks in counts {
-        match hold(locks).await {
-            Ok(held) => {
-                let share = |cpu: Duration| {
-                    format!("{:.1}%", 100.0 * cpu.as_secs_f64() / MEASURED.as_secs_f64())
-                };
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {} | {} | {:.0} B | {} of {} |",
-                    held.locks,
-                    share(held.client_cpu),
-                    held.redis_cpu.map_or("n/a".to_owned(), share),
-                    held.commands.map_or("n/a".to_owned(), |commands| {
-                        format!("{:.0}", commands as f64 / MEASURED.as_secs_f64())
-                    }),
-                    held.bytes_per_lock,
-                    held.still_held,
-                    held.locks,
-                );
-            }
-            Err(error) => {
-                let _ = writeln!(out, "| {locks} | failed: {error} | | | | |");
+    let mut held: Vec<Vec<Held>> = counts.iter().map(|_| Vec::new()).collect();
+    let mut failures: Vec<Option<String>> = counts.iter().map(|_| None).collect();
+    for _ in 0..rounds {
+        for (index, &locks) in counts.iter().enumerate() {
+            match hold(locks).await {
+                Ok(round) => held[index].push(round),
+                Err(error) => failures[index] = Some(error),
             }
         }
+    }
+    for ((&locks, rounds), failure) in counts.iter().zip(held).zip(failures) {
+        if let Some(error) = failure {
+            let _ = writeln!(out, "| {locks} | failed: {error} | | | | |");
+            continue;
+        }
+        let shares = |cpu: &dyn Fn(&Held) -> Option<Duration>| {
+            let shares: Vec<f64> = rounds
+                .iter()
+                .filter_map(cpu)
+                .map(|cpu| 100.0 * cpu.as_secs_f64() / MEASURED.as_secs_f64())
+                .collect();
+            let lowest = shares.iter().copied().fold(f64::INFINITY, f64::min);
+            let highest = shares.iter().copied().fold(0.0, f64::max);
+            median(&shares).map_or("n/a".to_owned(), |median| {
+                format!("{median:.1}% ({lowest:.1}–{highest:.1}%)")
+            })
+        };
+        let of = |value: &dyn Fn(&Held) -> Option<f64>| {
+            median(&rounds.iter().filter_map(value).collect::<Vec<_>>())
+        };
+        let _ = writeln!(
+            out,
+            "| {locks} | {} | {} | {} | {} | {} of {locks} |",
+            shares(&|round| Some(round.client_cpu)),
+            shares(&|round| round.redis_cpu),
+            of(&|round| round.commands.map(|commands| commands as f64)).map_or(
+                "n/a".to_owned(),
+                |commands| format!("{:.0}", commands / MEASURED.as_secs_f64())
+            ),
+            of(&|round| Some(round.bytes_per_lock))
+                .map_or("n/a".to_owned(), |bytes| format!("{bytes:.0} B")),
+            rounds
+                .iter()
+                .map(|round| round.still_held)
+                .min()
+                .unwrap_or(0),
+        );
     }
     out.push('\n');
     out
@@ -102,7 +127,6 @@ async fn hold(locks: usize) -> Result<Held, String> {
     drop(guards);
     client.shutdown().await;
     Ok(Held {
-        locks,
         client_cpu,
         redis_cpu,
         commands,

@@ -34,7 +34,8 @@ usage: lock-bench [--out PATH] [--quick] [--rounds N] [--raw-retry-ms MS] [--onl
 
   --out PATH         write the report there (default BENCHMARKS.md; with --quick, stdout only)
   --quick            small counts and one round, to try the bench out
-  --rounds N         rounds of every scenario (default 7 uncontended, 5 contended)
+  --rounds N         rounds of every scenario (default 7 uncontended, 5 contended,
+                     3 keeping)
   --raw-retry-ms MS  the raw protocol's sleep between tries (default 10)
   --only SLUGS       run only these scenarios: uncontended-1, uncontended-64, hot-16,
                      hot-256, hot-1000, processes-4x64, keeping (10,000 and 50,000
@@ -341,8 +342,10 @@ async fn bench(options: &Options) -> Report {
         .is_none_or(|only| only.iter().any(|slug| slug == "keeping"));
     let keeping = match (keeping, options.quick) {
         (false, _) => String::new(),
-        (true, true) => holding::keeping_many_locks(&[1_000]).await,
-        (true, false) => holding::keeping_many_locks(&[10_000, 50_000]).await,
+        (true, true) => holding::keeping_many_locks(&[1_000], options.rounds.unwrap_or(1)).await,
+        (true, false) => {
+            holding::keeping_many_locks(&[10_000, 50_000], options.rounds.unwrap_or(3)).await
+        }
     };
     Report {
         results,
