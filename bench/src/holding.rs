@@ -45,18 +45,18 @@ pub(crate) async fn keeping_many_locks(counts: &[usize], rounds: usize) -> Strin
     for _ in 0..rounds {
         for (index, &locks) in counts.iter().enumerate() {
             match hold(locks).await {
-                Ok(round) => held[index].push(round),
+                Ok(run) => held[index].push(run),
                 Err(error) => failures[index] = Some(error),
             }
         }
     }
-    for ((&locks, rounds), failure) in counts.iter().zip(held).zip(failures) {
+    for ((&locks, runs), failure) in counts.iter().zip(held).zip(failures) {
         if let Some(error) = failure {
             let _ = writeln!(out, "| {locks} | failed: {error} | | | | |");
             continue;
         }
         let shares = |cpu: &dyn Fn(&Held) -> Option<Duration>| {
-            let shares: Vec<f64> = rounds
+            let shares: Vec<f64> = runs
                 .iter()
                 .filter_map(cpu)
                 .map(|cpu| 100.0 * cpu.as_secs_f64() / MEASURED.as_secs_f64())
@@ -68,24 +68,20 @@ pub(crate) async fn keeping_many_locks(counts: &[usize], rounds: usize) -> Strin
             })
         };
         let of = |value: &dyn Fn(&Held) -> Option<f64>| {
-            median(&rounds.iter().filter_map(value).collect::<Vec<_>>())
+            median(&runs.iter().filter_map(value).collect::<Vec<_>>())
         };
         let _ = writeln!(
             out,
             "| {locks} | {} | {} | {} | {} | {} of {locks} |",
-            shares(&|round| Some(round.client_cpu)),
-            shares(&|round| round.redis_cpu),
-            of(&|round| round.commands.map(|commands| commands as f64)).map_or(
+            shares(&|run| Some(run.client_cpu)),
+            shares(&|run| run.redis_cpu),
+            of(&|run| run.commands.map(|commands| commands as f64)).map_or(
                 "n/a".to_owned(),
                 |commands| format!("{:.0}", commands / MEASURED.as_secs_f64())
             ),
-            of(&|round| Some(round.bytes_per_lock))
+            of(&|run| Some(run.bytes_per_lock))
                 .map_or("n/a".to_owned(), |bytes| format!("{bytes:.0} B")),
-            rounds
-                .iter()
-                .map(|round| round.still_held)
-                .min()
-                .unwrap_or(0),
+            runs.iter().map(|run| run.still_held).min().unwrap_or(0),
         );
     }
     out.push('\n');
