@@ -11,7 +11,7 @@ use lock_tests::RedisServer;
 use tokio::task::JoinSet;
 
 use crate::scenarios::{Usage, data_connection, redis_cpu};
-use crate::stats::median;
+use crate::stats::{lowest_and_highest, median};
 
 /// Each lock's lease, renewed by the watchdog every third of it.
 const LEASE: Duration = Duration::from_secs(3);
@@ -61,8 +61,7 @@ pub(crate) async fn keeping_many_locks(counts: &[usize], rounds: usize) -> Strin
                 .filter_map(cpu)
                 .map(|cpu| 100.0 * cpu.as_secs_f64() / MEASURED.as_secs_f64())
                 .collect();
-            let lowest = shares.iter().copied().fold(f64::INFINITY, f64::min);
-            let highest = shares.iter().copied().fold(0.0, f64::max);
+            let (lowest, highest) = lowest_and_highest(&shares);
             median(&shares).map_or("n/a".to_owned(), |median| {
                 format!("{median:.1}% ({lowest:.1}–{highest:.1}%)")
             })

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::peers::{self, PeerKind};
 use crate::scenarios::{Contention, Counted, RunResult, SETUP_COMMANDS, Scenario};
-use crate::stats::{Waits, median};
+use crate::stats::{Waits, lowest_and_highest, median};
 
 /// One implementation's runs of one scenario: the timed rounds and the counting pass.
 pub(crate) struct Measured {
@@ -386,8 +386,7 @@ impl Report {
                     .iter()
                     .flat_map(|run| run.tally.shares.iter().copied())
                     .collect();
-                let lowest = all.iter().copied().fold(f64::INFINITY, f64::min);
-                let highest = all.iter().copied().fold(0.0, f64::max);
+                let (lowest, highest) = lowest_and_highest(&all);
                 lines.push(format!(
                     "| {} | {} | {lowest:.2} | {highest:.2} | {} |",
                     result.scenario.name,

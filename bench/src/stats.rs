@@ -17,6 +17,13 @@ pub(crate) fn median(values: &[f64]) -> Option<f64> {
     })
 }
 
+/// The lowest and the highest of `values`, all of them at least 0.
+pub(crate) fn lowest_and_highest(values: &[f64]) -> (f64, f64) {
+    let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = values.iter().copied().fold(0.0, f64::max);
+    (lowest, highest)
+}
+
 /// Wait-time percentiles of one scenario and implementation, over every round.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Waits {
