@@ -8,7 +8,6 @@
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -64,6 +63,8 @@ pub(crate) struct Place<H> {
     line: Arc<Line<H>>,
     /// How many of the line's turns this place takes.
     weight: u32,
+    /// Whether its turn, the last in the line, took the line away as it ended.
+    left: bool,
 }
 
 /// A task's turn in its client's line for a key: `place.weight` of the line's
@@ -119,6 +120,7 @@ impl<H> Queues<H> {
             name: name.clone(),
             line: line.clone(),
             weight,
+            left: false,
         })
     }
 
@@ -170,12 +172,31 @@ impl<H> Place<H> {
             handed,
         }
     }
+
+    /// Takes the line out of its client's map if `empties` finds it empty. Under the
+    /// map's lock, which a task joins under, so none can join meanwhile.
+    fn take_line_away_if(&self, empties: impl FnOnce(&mut LineState<H>) -> bool) -> bool {
+        let mut lines = self.queues.lines();
+        let ours = lines
+            .get(self.name.hash())
+            .is_some_and(|line| Arc::ptr_eq(line, &self.line));
+        if !ours || !empties(&mut self.line.state()) {
+            return false;
+        }
+        // Not the line's last reference, which this place holds: nothing of it is
+        // dropped under the map's lock.
+        lines.remove(self.name.hash());
+        true
+    }
 }
 
 impl<H> Drop for Place<H> {
     /// A place that goes before its turn leaves what was handed on for it to the
     /// tasks still waiting, and drops the rest, which gives it back to the store.
     fn drop(&mut self) {
+        if self.left {
+            return;
+        }
         let mut line = self.line.state();
         line.places -= 1;
         let waiting = line.places - line.holding;
@@ -184,22 +205,11 @@ impl<H> Drop for Place<H> {
         let last = line.places == 0;
         drop(line);
         drop(unclaimed);
-        if !last {
-            return;
+        // Unless a task joined meanwhile, or the line left already and the key has a
+        // new one.
+        if last {
+            self.take_line_away_if(|line| line.places == 0);
         }
-        // Unless a task joined meanwhile, which it does under the map's lock, or
-        // the line left already and the key has a new one.
-        let mut lines = self.queues.lines();
-        let emptied = match lines.entry(LineKey(self.name.clone())) {
-            Entry::Occupied(line)
-                if Arc::ptr_eq(line.get(), &self.line) && self.line.state().places == 0 =>
-            {
-                Some(line.remove())
-            }
-            _ => None,
-        };
-        drop(lines);
-        drop(emptied);
     }
 }
 
@@ -249,10 +259,23 @@ impl<H> Turn<H> {
 }
 
 impl<H> Drop for Turn<H> {
+    /// The last turn in a line takes the line away, with no turns to give back to
+    /// anyone; any other gives its turns to the tasks behind it.
     fn drop(&mut self) {
-        let line = &self.place.line;
-        line.turns.add_permits(self.place.weight as usize);
-        line.state().holding -= 1;
+        let place = &mut self.place;
+        let alone = |line: &mut LineState<H>| {
+            let alone = line.places == 1;
+            if alone {
+                (line.places, line.holding) = (0, 0);
+            }
+            alone
+        };
+        if place.line.state().places == 1 && place.take_line_away_if(alone) {
+            place.left = true;
+            return;
+        }
+        place.line.turns.add_permits(place.weight as usize);
+        place.line.state().holding -= 1;
     }
 }
 

@@ -259,12 +259,13 @@ impl Acquisition {
     }
 
     /// Hands it to the next task of the client waiting for the key, within the
-    /// client's bounds on hand-offs, or else releases it to Redis.
-    pub(super) fn hand_on_or_release(self: &Arc<Self>) -> Ending {
+    /// client's bounds on hand-offs, or else releases it to Redis. `now` is when its
+    /// hold let go.
+    pub(super) fn hand_on_or_release(self: &Arc<Self>, now: Instant) -> Ending {
         let mut turn = self.turn().take();
         if let Some(current) = turn.take() {
             let handed_on = self.handed_on.load(Ordering::Relaxed);
-            if self.may_be_handed_on(handed_on) {
+            if self.may_be_handed_on(handed_on, now) {
                 self.handed_on.store(handed_on + 1, Ordering::Relaxed);
                 match current.hand_on(self.clone()) {
                     Ok(()) => return Ending::HandedOn,
@@ -323,14 +324,14 @@ impl Acquisition {
     /// renewed lease that is still valid. Never a shared hold: the tasks of a client
     /// that wait behind shared holders wait for the key exclusive, which a shared hold
     /// cannot give them.
-    fn may_be_handed_on(&self, handed_on: u32) -> bool {
+    fn may_be_handed_on(&self, handed_on: u32, now: Instant) -> bool {
         let HandOff { most, within } = self.holds.hand_off;
         self.holds.backend.hands_off()
             && self.kind != Kind::Shared
             && handed_on < u32::from(most)
-            && self.acquired_at.elapsed() < within
+            && now.saturating_duration_since(self.acquired_at) < within
             && self.hold_until.is_none()
-            && self.lease.is_valid()
+            && self.lease.is_valid_at(now)
     }
 }
 

@@ -51,7 +51,11 @@ impl Lease {
     }
 
     pub(crate) fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until()
+        self.is_valid_at(Instant::now())
+    }
+
+    pub(crate) fn is_valid_at(&self, now: Instant) -> bool {
+        now < self.valid_until()
     }
 
     /// When the hold stops being known valid, as things stand.

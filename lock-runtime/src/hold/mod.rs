@@ -159,10 +159,12 @@ impl Hold {
     /// Lets go: hands the acquisition on, or releases it. Returns whether the hold
     /// was still valid, and how it ended.
     fn end(&self) -> (bool, Ending) {
-        let was_held = self.is_held();
+        let now = Instant::now();
+        let was_held =
+            !self.over.load(Ordering::Acquire) && self.acquisition.lease.is_valid_at(now);
         self.over.store(true, Ordering::Release);
         self.let_go.tell();
-        let ending = self.acquisition.hand_on_or_release();
+        let ending = self.acquisition.hand_on_or_release(now);
         let handed_on = matches!(ending, Ending::HandedOn);
         let kind = self.acquisition.holds.backend.kind();
         telemetry::held(self.since, handed_on, kind);
