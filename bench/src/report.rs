@@ -61,6 +61,17 @@ impl Measured {
             .max_by(f64::total_cmp)
     }
 
+    /// Its fastest round over its slowest.
+    fn spread(&self) -> Option<f64> {
+        let rates: Vec<f64> = self
+            .throughputs()
+            .into_iter()
+            .filter(|rate| *rate > 0.0)
+            .collect();
+        let (lowest, highest) = lowest_and_highest(&rates);
+        (rates.len() > 1).then(|| highest / lowest)
+    }
+
     /// Whether it took part in the scenario at all.
     fn ran(&self) -> bool {
         !self.rounds.is_empty() || self.counted.is_some()
@@ -179,6 +190,16 @@ impl Measured {
 }
 
 impl ScenarioResult {
+    /// The implementation with the least of its own in the way, whose rounds show
+    /// how steady the machine was: the serial limit where it ran, else raw careful.
+    fn gauge(&self) -> &Measured {
+        let limit = self.peer(PeerKind::SerialLimit);
+        match limit.rounds.is_empty() {
+            true => self.peer(PeerKind::RawCareful),
+            false => limit,
+        }
+    }
+
     pub(crate) fn peer(&self, kind: PeerKind) -> &Measured {
         self.peers
             .iter()
@@ -605,7 +626,11 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
              Each goal compares two implementations run back to back in the same rounds. \
              It is met only when both the ratio of their medians and the median of the \
              round-by-round ratios reach it. Against the serial limit, the ceiling is its \
-             best round. \"Holds\" rows keep an earlier goal (issue 10's).\n\n\
+             best round. \"Holds\" rows keep an earlier goal (issue 10's). A goal is not \
+             settled either when the machine's speed changed within its scenario: when the \
+             fastest round of the serial limit (on the hot key) or of raw careful \
+             (uncontended), which have nothing of ours in the way, was over {UNSTEADY}× \
+             their slowest.\n\n\
              | Scenario | Ours | Against | Ratio of medians | Median of the rounds' ratios | Goal | |\n\
              |---|---|---|--:|--:|--:|---|"
         );
@@ -655,7 +680,17 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
                 )
             }
         };
-        let (_, verdict) = settle(of_medians, &rounds, goal.at_least);
+        let (_, mut verdict) = settle(of_medians, &rounds, goal.at_least);
+        let gauge = result.gauge();
+        if of_medians.is_some()
+            && let Some(spread) = gauge.spread().filter(|&spread| spread > UNSTEADY)
+        {
+            verdict = format!(
+                "**not settled**: the machine's speed changed within the scenario ({}'s \
+                 fastest round was {spread:.1}× its slowest), so this run cannot tell",
+                self.label(gauge.kind)
+            );
+        }
         let against = match (goal.against, against) {
             (Against::SerialLimitBest, _) => "the serial limit's best round".to_owned(),
             (Against::BestRslock, Some(best)) => format!("rslock's best: {}", self.label(best)),
@@ -946,6 +981,10 @@ fn breakdown(measured: &Measured) -> Option<String> {
         .collect();
     Some(parts.join(", "))
 }
+
+/// How much faster than its slowest round the gauge's fastest may be for a run to
+/// settle a goal: this machine, shared, at times runs a while several times slower.
+const UNSTEADY: f64 = 1.5;
 
 /// Met only when the ratio of the medians and the median of the round-by-round
 /// ratios (each round runs the implementations back to back) both reach `target`.
