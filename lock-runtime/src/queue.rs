@@ -205,8 +205,8 @@ impl<H> Drop for Place<H> {
         let last = line.places == 0;
         drop(line);
         drop(unclaimed);
-        // Unless a task joined meanwhile, or the line left already and the key has a
-        // new one.
+        // The last place takes the line away, unless a task joined meanwhile or the
+        // key has a new line already.
         if last {
             self.take_line_away_if(|line| line.places == 0);
         }

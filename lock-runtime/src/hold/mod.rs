@@ -145,7 +145,11 @@ impl Hold {
     }
 
     pub(crate) fn is_held(&self) -> bool {
-        !self.over.load(Ordering::Acquire) && self.acquisition.lease.is_valid()
+        self.is_held_at(Instant::now())
+    }
+
+    fn is_held_at(&self, now: Instant) -> bool {
+        !self.over.load(Ordering::Acquire) && self.acquisition.lease.is_valid_at(now)
     }
 
     /// Completes once the hold is over: let go, or its acquisition's lease ended.
@@ -160,8 +164,7 @@ impl Hold {
     /// was still valid, and how it ended.
     fn end(&self) -> (bool, Ending) {
         let now = Instant::now();
-        let was_held =
-            !self.over.load(Ordering::Acquire) && self.acquisition.lease.is_valid_at(now);
+        let was_held = self.is_held_at(now);
         self.over.store(true, Ordering::Release);
         self.let_go.tell();
         let ending = self.acquisition.hand_on_or_release(now);
