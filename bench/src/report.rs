@@ -53,21 +53,22 @@ impl Measured {
         median(&self.throughputs())
     }
 
-    /// The fastest round.
-    fn best(&self) -> Option<f64> {
+    /// The rounds that completed sections.
+    fn rates(&self) -> Vec<f64> {
         self.throughputs()
             .into_iter()
             .filter(|rate| rate.is_finite() && *rate > 0.0)
-            .max_by(f64::total_cmp)
+            .collect()
+    }
+
+    /// The fastest round.
+    fn best(&self) -> Option<f64> {
+        self.rates().into_iter().max_by(f64::total_cmp)
     }
 
     /// Its fastest round over its slowest.
     fn spread(&self) -> Option<f64> {
-        let rates: Vec<f64> = self
-            .throughputs()
-            .into_iter()
-            .filter(|rate| *rate > 0.0)
-            .collect();
+        let rates = self.rates();
         let (lowest, highest) = lowest_and_highest(&rates);
         (rates.len() > 1).then(|| highest / lowest)
     }
