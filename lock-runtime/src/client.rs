@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::acquire::Acquirer;
 use crate::backend::{Backend, MemoryStore, RedisNode, Redlock, Signals, Store, Target};
 use crate::key::LockName;
-use crate::options::{HandOff, Plan};
+use crate::options::HandOff;
 use crate::{LockError, LockGuard, LockOptions};
 
 /// How a client talks to Redis: the bounds on connecting and on each call.
@@ -396,7 +396,7 @@ impl LockClient {
     /// leaves no lock behind.
     pub async fn acquire(&self, key: &str, options: &LockOptions) -> Result<LockGuard, LockError> {
         let plan = options.plan(key)?;
-        self.acquire_planned(key, plan).await
+        self.acquirer.acquire(key, &plan).await
     }
 
     /// Makes one attempt: `None` when another owner holds the lock. Any waiting in
@@ -408,7 +408,7 @@ impl LockClient {
     ) -> Result<Option<LockGuard>, LockError> {
         let mut plan = options.plan(key)?;
         plan.spin = false;
-        match self.acquire_planned(key, plan).await {
+        match self.acquirer.acquire(key, &plan).await {
             Ok(guard) => Ok(Some(guard)),
             Err(LockError::Busy { .. }) => Ok(None),
             Err(error) => Err(error),
@@ -470,23 +470,15 @@ impl LockClient {
         self.acquire_all_boxed(&keys, options).await
     }
 
-    /// Boxed, and not generic, for the reason `acquire_planned` is.
+    /// Boxed, and not generic: the futures of several keys' waiting loops nest deep
+    /// enough to exhaust the compiler's query depth in callers' crates when laid out
+    /// inline.
     fn acquire_all_boxed<'a>(
         &'a self,
         keys: &'a [String],
         options: &'a LockOptions,
     ) -> Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send + 'a>> {
         Box::pin(self.acquirer.acquire_all(keys, options))
-    }
-
-    /// Boxed: the waiting loop's future nests deep enough to exhaust the compiler's
-    /// query depth in callers' crates when laid out inline.
-    fn acquire_planned<'a>(
-        &'a self,
-        key: &'a str,
-        plan: Plan,
-    ) -> Pin<Box<dyn Future<Output = Result<LockGuard, LockError>> + Send + 'a>> {
-        Box::pin(self.acquirer.acquire(key, plan))
     }
 
     /// Waits until the releases and cleanups running in the background are done:

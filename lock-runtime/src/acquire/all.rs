@@ -53,7 +53,8 @@ impl Acquirer {
         let mut taken = Vec::with_capacity(ordered.len());
         for key in ordered.values() {
             // Boxed, as the waiting loop's future nests too deep to lay out inline here.
-            match Box::pin(self.acquire_by(key, &plan, deadline)).await {
+            let started = Instant::now();
+            match Box::pin(self.acquire_by(key, &plan, started, deadline)).await {
                 Ok(guard) => taken.push(guard),
                 Err(error) => {
                     if let Some(taken) = LockGuard::joined(taken) {

@@ -6,6 +6,8 @@
 mod all;
 mod attempts;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -62,20 +64,21 @@ impl Acquirer {
         &self.backend
     }
 
-    pub(crate) async fn acquire(&self, key: &str, plan: Plan) -> Result<LockGuard, LockError> {
-        let deadline = Instant::now() + plan.patience();
-        self.acquire_by(key, &plan, deadline).await
+    pub(crate) async fn acquire(&self, key: &str, plan: &Plan) -> Result<LockGuard, LockError> {
+        let started = Instant::now();
+        self.acquire_by(key, plan, started, started + plan.patience())
+            .await
     }
 
-    /// Takes `key` as `plan` says, waiting until `deadline` at the latest.
+    /// Takes `key` as `plan` says, waiting from `started` until `deadline` at the latest.
     async fn acquire_by(
         &self,
         key: &str,
         plan: &Plan,
+        started: Instant,
         deadline: Instant,
     ) -> Result<LockGuard, LockError> {
         let acquiring = async {
-            let started = Instant::now();
             let acquired = self.take(key, plan, started, deadline).await;
             telemetry::acquired(&acquired, started, self.backend.kind());
             acquired
@@ -108,12 +111,12 @@ impl Acquirer {
             .queues
             .join(&name, plan.kind)
             .map_err(|held_as| clash(&name, held_as, plan.kind))?;
-        // A timer only for a task that has to wait for its turn: a lone task's acquire
-        // then arms one timer, its request's bound.
+        // A timer only for a task that has to wait for its turn, boxed as the rarer
+        // way: a lone task's acquire then arms one timer, its request's bound.
         let mut turn = match place.try_turn() {
             Ok(turn) => turn,
             Err(_) if !plan.spin => return Err(busy(&name)),
-            Err(place) => tokio::time::timeout_at(deadline, place.turn())
+            Err(place) => Box::pin(tokio::time::timeout_at(deadline, place.turn()))
                 .await
                 .map_err(|_| timeout(&name, 0, started))?,
         };
@@ -124,9 +127,13 @@ impl Acquirer {
             },
             None => turn,
         };
-        // Boxed too: the waiting loop's state is most of what is left.
-        let asking = attempts::until_granted(self, name, turn, plan, started, deadline);
-        let grant = Box::pin(asking).await?;
+        // Boxed too, as the waiting loop's state is most of what is left; and not
+        // generic, as its type nests deep enough to exhaust the compiler's query depth
+        // in callers' crates, whose futures hold this one inline.
+        let asking: Pin<Box<dyn Future<Output = _> + Send + '_>> = Box::pin(
+            attempts::until_granted(self, name, turn, plan, started, deadline),
+        );
+        let grant = asking.await?;
         Ok(self.holds.start(grant, plan))
     }
 
