@@ -70,12 +70,28 @@ pub(crate) fn acquired<T>(outcome: &Result<T, LockError>, started: Instant, kind
     let _ = (outcome, started, kind);
 }
 
+/// When a hold began: the clock is read only where something records it.
+#[derive(Clone, Copy)]
+pub(crate) struct Since {
+    #[cfg(feature = "metrics")]
+    at: Instant,
+}
+
+impl Since {
+    pub(crate) fn now() -> Since {
+        Since {
+            #[cfg(feature = "metrics")]
+            at: Instant::now(),
+        }
+    }
+}
+
 /// A hold that began at `since` ended: released, or handed on within the client.
-pub(crate) fn held(since: Instant, handed_on: bool, kind: &'static str) {
+pub(crate) fn held(since: Since, handed_on: bool, kind: &'static str) {
     #[cfg(feature = "metrics")]
     {
         metrics::histogram!("distributed_lock_hold_seconds", "backend" => kind)
-            .record(since.elapsed().as_secs_f64());
+            .record(since.at.elapsed().as_secs_f64());
         if handed_on {
             metrics::counter!("distributed_lock_hand_offs_total", "backend" => kind).increment(1);
         }

@@ -158,7 +158,7 @@ impl Acquisition {
     pub(super) fn mark_lost(&self) {
         // The turn first: whoever the loss wakes may take the lock again at once.
         drop(self.turn().take());
-        self.lease.end();
+        self.lease.end(Instant::now());
         if !self.lost.swap(true, Ordering::Relaxed) {
             telemetry::lost(self.name.key(), self.holds.backend.kind());
         }
@@ -278,7 +278,7 @@ impl Acquisition {
                 turn = Some(current);
             }
         }
-        Ending::Releasing(self.release(turn))
+        Ending::Releasing(self.release(turn, now))
     }
 
     /// Stops renewing, then frees the lock in Redis (or, within a `hold_at_least`
@@ -286,18 +286,19 @@ impl Acquisition {
     /// caller goes, and passes `turn` on to the next task of this client once the
     /// lock is freed or passed to another client's waiter. The delete is
     /// scoped to the token, so it is sent even after a loss, in case a renewal that
-    /// timed out here was applied.
+    /// timed out here was applied. `now` is when its hold let go.
     pub(super) fn release(
         &self,
         turn: Option<ClientTurn>,
+        now: Instant,
     ) -> Finishing<Result<Released, LockError>, NothingMore> {
         self.released.store(true, Ordering::Relaxed);
         self.stop_care();
-        self.lease.end();
+        self.lease.end(now);
         let keep = self
             .hold_until
             .filter(|_| !self.window_waived.load(Ordering::Relaxed))
-            .and_then(|until| until.checked_duration_since(Instant::now()))
+            .and_then(|until| until.checked_duration_since(now))
             // Redis counts whole milliseconds, and the window is a least.
             .map(|keep| Duration::from_millis(keep.as_micros().div_ceil(1000) as u64))
             .filter(|keep| !keep.is_zero());
@@ -342,7 +343,7 @@ impl Drop for Acquisition {
     /// Left in the line with nobody to take it: released in the background.
     fn drop(&mut self) {
         if !self.released.load(Ordering::Relaxed) {
-            drop(self.release(None));
+            drop(self.release(None, Instant::now()));
         }
     }
 }

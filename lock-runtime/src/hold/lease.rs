@@ -134,10 +134,9 @@ impl Lease {
         });
     }
 
-    /// Ends the lease now; true when it was still valid.
-    pub(crate) fn end(&self) -> bool {
+    /// Ends the lease at `now`; true when it was still valid.
+    pub(crate) fn end(&self, now: Instant) -> bool {
         self.change(|validity| {
-            let now = Instant::now();
             let valid = now < validity.until;
             if valid {
                 validity.until = now;

@@ -57,7 +57,7 @@ pub(crate) struct Grant {
 pub(crate) struct Hold {
     acquisition: Arc<Acquisition>,
     fence: Option<u64>,
-    since: Instant,
+    since: telemetry::Since,
     over: AtomicBool,
     let_go: Notice,
 }
@@ -102,7 +102,7 @@ impl Holds {
             let fence = handed.take_over(turn, plan);
             return Ok(LockGuard::owner(Hold::new(handed, fence)));
         }
-        let _ = handed.release(None).await;
+        let _ = handed.release(None, Instant::now()).await;
         Err(turn)
     }
 
@@ -117,7 +117,7 @@ impl Hold {
         Arc::new(Hold {
             acquisition,
             fence,
-            since: Instant::now(),
+            since: telemetry::Since::now(),
             over: AtomicBool::new(false),
             let_go: Notice::default(),
         })
