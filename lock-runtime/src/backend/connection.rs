@@ -16,8 +16,14 @@ use redis::{
     Pipeline, ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture,
     RedisResult, Script, ServerErrorKind, TlsMode, ToRedisArgs, Value,
 };
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::Timeout;
 
 use super::signals::Signals;
 use crate::ClientConfig;
@@ -298,17 +304,36 @@ impl ScriptCall {
 }
 
 /// Redis calls may wait on a reconnect; this caps the whole call, not just one read.
-pub(crate) async fn bounded<T>(
-    limit: Duration,
-    call: impl std::future::Future<Output = RedisResult<T>>,
-) -> RedisResult<T> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(RedisError::from((
-            ErrorKind::Io,
-            "no answer from Redis in time",
-            format!("gave up after {} ms", limit.as_millis()),
-        ))),
+pub(crate) fn bounded<F: Future>(limit: Duration, call: F) -> Bounded<F> {
+    Bounded {
+        call: tokio::time::timeout(limit, call),
+        limit,
+    }
+}
+
+pin_project! {
+    /// A call given up on after `limit`. A future of its own rather than an `async fn`,
+    /// which would hold the call twice over: every request's future holds one.
+    pub(crate) struct Bounded<F> {
+        #[pin]
+        call: Timeout<F>,
+        limit: Duration,
+    }
+}
+
+impl<T, F: Future<Output = RedisResult<T>>> Future for Bounded<F> {
+    type Output = RedisResult<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<RedisResult<T>> {
+        let this = self.project();
+        Poll::Ready(match ready!(this.call.poll(cx)) {
+            Ok(answer) => answer,
+            Err(_) => Err(RedisError::from((
+                ErrorKind::Io,
+                "no answer from Redis in time",
+                format!("gave up after {} ms", this.limit.as_millis()),
+            ))),
+        })
     }
 }
 
