@@ -196,7 +196,7 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
             "Uncontended, 64 tasks",
             1,
             64,
-            pick(100, 10),
+            pick(1_000, 10),
             Contention::DistinctKeys,
         ),
         scenario(
