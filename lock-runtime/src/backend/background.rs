@@ -62,15 +62,17 @@ impl Background {
         })
     }
 
-    /// `request`, finished on `runtime` by `orphan` if its caller goes.
+    /// `request`, finished on `runtime` by `orphan` if its caller goes. Boxed by the
+    /// caller, where the future is made: passed unboxed, it was copied once more on
+    /// its way into the box.
     pub(crate) fn finishing<T: Send + 'static, O: Orphan<T>>(
         &self,
         runtime: &Handle,
-        request: impl Future<Output = T> + Send + 'static,
+        request: Pin<Box<dyn Future<Output = T> + Send>>,
         orphan: O,
     ) -> Finishing<T, O> {
         Finishing {
-            request: Some(Box::pin(request)),
+            request: Some(request),
             orphan: Some(orphan),
             background: self.clone(),
             runtime: runtime.clone(),

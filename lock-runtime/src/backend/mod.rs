@@ -203,7 +203,7 @@ impl Backend {
         };
         let request = {
             let claim = claim.clone();
-            async move {
+            Box::pin(async move {
                 let Claim {
                     backend,
                     name,
@@ -213,7 +213,7 @@ impl Backend {
                 backend
                     .acquire_now(name, token, kind, lease, fencing, queue)
                     .await
-            }
+            })
         };
         let runtime = Handle::current();
         let attempt = self
@@ -298,7 +298,7 @@ impl Backend {
         after: impl FnOnce(&Result<Released, LockError>) + Send + 'static,
     ) -> Finishing<Result<Released, LockError>, NothingMore> {
         let backend = self.clone();
-        let request = async move {
+        let request = Box::pin(async move {
             let released = match keep {
                 Some(keep) => match Box::pin(backend.renew(&name, &token, keep)).await {
                     Ok(true) => Ok(Released::Freed),
@@ -309,7 +309,7 @@ impl Backend {
             };
             after(&released);
             released
-        };
+        });
         self.background.finishing(runtime, request, NothingMore)
     }
 
