@@ -6,8 +6,8 @@
 //! the next task instead of releasing it. A key nobody waits for or holds leaves
 //! nothing behind.
 
-use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -177,15 +177,16 @@ impl<H> Place<H> {
     /// map's lock, which a task joins under, so none can join meanwhile.
     fn take_line_away_if(&self, empties: impl FnOnce(&mut LineState<H>) -> bool) -> bool {
         let mut lines = self.queues.lines();
-        let ours = lines
-            .get(self.name.hash())
-            .is_some_and(|line| Arc::ptr_eq(line, &self.line));
-        if !ours || !empties(&mut self.line.state()) {
+        // One look-up for both the check and the removal.
+        let Entry::Occupied(entry) = lines.entry(LineKey(self.name.clone())) else {
+            return false;
+        };
+        if !Arc::ptr_eq(entry.get(), &self.line) || !empties(&mut self.line.state()) {
             return false;
         }
         // Not the line's last reference, which this place holds: nothing of it is
         // dropped under the map's lock.
-        lines.remove(self.name.hash());
+        entry.remove();
         true
     }
 }
@@ -276,12 +277,6 @@ impl<H> Drop for Turn<H> {
         }
         place.line.turns.add_permits(place.weight as usize);
         place.line.state().holding -= 1;
-    }
-}
-
-impl Borrow<str> for LineKey {
-    fn borrow(&self) -> &str {
-        self.0.hash()
     }
 }
 
