@@ -49,9 +49,13 @@ pub(crate) enum Target {
 
 #[derive(Clone)]
 pub(crate) enum Connection {
-    Server(ConnectionManager),
+    /// To one server, or to the primary Sentinel names: ours, which connects again
+    /// when it drops.
+    Own(Reconnecting),
+    /// The application's own, or a subscriber's, which subscribes again when it
+    /// reconnects.
+    Manager(ConnectionManager),
     Cluster(ClusterConnection),
-    Sentinel(SentinelConnection),
 }
 
 impl Target {
@@ -108,41 +112,30 @@ impl Target {
     }
 
     pub(crate) async fn connect(&self, config: &ClientConfig) -> RedisResult<Connection> {
-        match self {
-            Target::Server {
-                manager: Some(manager),
-                ..
-            } => Ok(Connection::Server(manager.clone())),
-            Target::Server { client, .. } => {
-                let manager =
-                    ConnectionManager::new_with_config(client.clone(), manager_config(config))
-                        .await?;
-                Ok(Connection::Server(manager))
-            }
-            Target::Cluster(urls) => {
-                let client = cluster_builder(urls, config).build()?;
-                Ok(Connection::Cluster(client.get_async_connection().await?))
-            }
-            Target::Sentinel { client, .. } => {
-                let connection = SentinelConnection::new(client.clone(), connection_config(config));
-                connection.current().await?;
-                Ok(Connection::Sentinel(connection))
-            }
+        if let Target::Server {
+            manager: Some(manager),
+            ..
+        } = self
+        {
+            return Ok(Connection::Manager(manager.clone()));
         }
+        self.connect_apart(config).await
     }
 
     /// A connection of its own, never the application's: for requests that may block
     /// it (`WAIT`).
     pub(crate) async fn connect_apart(&self, config: &ClientConfig) -> RedisResult<Connection> {
-        match self {
-            Target::Server { client, .. } => {
-                let manager =
-                    ConnectionManager::new_with_config(client.clone(), manager_config(config))
-                        .await?;
-                Ok(Connection::Server(manager))
+        let source = match self {
+            Target::Server { client, .. } => Source::Server(Box::new(client.clone())),
+            Target::Sentinel { client, .. } => Source::Sentinel(client.clone()),
+            Target::Cluster(urls) => {
+                let client = cluster_builder(urls, config).build()?;
+                return Ok(Connection::Cluster(client.get_async_connection().await?));
             }
-            Target::Cluster(_) | Target::Sentinel { .. } => self.connect(config).await,
-        }
+        };
+        let own = Reconnecting::new(source, command_config(config));
+        own.current().await?;
+        Ok(Connection::Own(own))
     }
 
     /// How many replicas the primary has now, as the topology lists them: those the
@@ -192,10 +185,11 @@ impl Target {
             Target::Server {
                 manager: Some(manager),
                 ..
-            } => Ok(Connection::Server(manager.clone())),
-            Target::Server { client, .. } => Ok(Connection::Server(
-                ConnectionManager::new_lazy_with_config(client.clone(), manager_config(config))?,
-            )),
+            } => Ok(Connection::Manager(manager.clone())),
+            Target::Server { client, .. } => Ok(Connection::Own(Reconnecting::new(
+                Source::Server(Box::new(client.clone())),
+                command_config(config),
+            ))),
             Target::Cluster(_) | Target::Sentinel { .. } => Err(RedisError::from((
                 ErrorKind::InvalidClientConfig,
                 "only a single server connects lazily",
@@ -221,7 +215,7 @@ impl Target {
                 let manager_config = manager_config(config)
                     .set_push_sender(pushes)
                     .set_automatic_resubscription();
-                Ok(Connection::Server(
+                Ok(Connection::Manager(
                     ConnectionManager::new_with_config(client, manager_config).await?,
                 ))
             }
@@ -241,8 +235,8 @@ impl Target {
                     }
                     pushes(push)
                 };
-                let connection = SentinelConnection::new(
-                    Arc::new(tokio::sync::Mutex::new(sentinel)),
+                let connection = Reconnecting::new(
+                    Source::Sentinel(Arc::new(tokio::sync::Mutex::new(sentinel))),
                     connection_config(config).set_push_sender(pushes),
                 );
                 connection.current().await?;
@@ -252,7 +246,7 @@ impl Target {
                     drops,
                     signals_for_sentinel,
                 ));
-                Ok(Connection::Sentinel(connection))
+                Ok(Connection::Own(connection))
             }
         }
     }
@@ -424,17 +418,17 @@ impl Connection {
 
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
-            Connection::Server(manager) => manager.subscribe(channel).await,
+            Connection::Own(own) => own.current().await?.subscribe(channel).await,
+            Connection::Manager(manager) => manager.subscribe(channel).await,
             Connection::Cluster(cluster) => cluster.ssubscribe(channel).await,
-            Connection::Sentinel(sentinel) => sentinel.current().await?.subscribe(channel).await,
         }
     }
 
     pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
-            Connection::Server(manager) => manager.unsubscribe(channel).await,
+            Connection::Own(own) => own.current().await?.unsubscribe(channel).await,
+            Connection::Manager(manager) => manager.unsubscribe(channel).await,
             Connection::Cluster(cluster) => cluster.sunsubscribe(channel).await,
-            Connection::Sentinel(sentinel) => sentinel.current().await?.unsubscribe(channel).await,
         }
     }
 }
@@ -442,9 +436,9 @@ impl Connection {
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Connection::Server(manager) => manager.req_packed_command(cmd),
+            Connection::Own(own) => own.req_packed_command(cmd),
+            Connection::Manager(manager) => manager.req_packed_command(cmd),
             Connection::Cluster(cluster) => cluster.req_packed_command(cmd),
-            Connection::Sentinel(sentinel) => sentinel.req_packed_command(cmd),
         }
     }
 
@@ -455,55 +449,76 @@ impl ConnectionLike for Connection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Connection::Server(manager) => manager.req_packed_commands(pipeline, offset, count),
+            Connection::Own(own) => own.req_packed_commands(pipeline, offset, count),
+            Connection::Manager(manager) => manager.req_packed_commands(pipeline, offset, count),
             Connection::Cluster(cluster) => cluster.req_packed_commands(pipeline, offset, count),
-            Connection::Sentinel(sentinel) => sentinel.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Connection::Server(manager) => manager.get_db(),
+            Connection::Own(own) => own.get_db(),
+            Connection::Manager(manager) => manager.get_db(),
             Connection::Cluster(cluster) => cluster.get_db(),
-            Connection::Sentinel(sentinel) => sentinel.get_db(),
         }
     }
 }
 
-/// A connection to the primary that Sentinel names now. When the primary stops
-/// answering or turns read-only (it was demoted), the next call asks Sentinel again.
+/// A connection to one server, or to the primary that Sentinel names now. When it
+/// stops answering, or its server turns read-only (a demoted primary), the next call
+/// connects again, asking Sentinel where. Lighter than a `ConnectionManager` on
+/// every call: no shared future to clone, and the connection's own, not boxed twice.
 #[derive(Clone)]
-pub(crate) struct SentinelConnection {
-    shared: Arc<SentinelShared>,
+pub(crate) struct Reconnecting {
+    shared: Arc<ReconnectingShared>,
 }
 
-struct SentinelShared {
-    sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
+struct ReconnectingShared {
+    source: Source,
     config: AsyncConnectionConfig,
     current: Mutex<Option<MultiplexedConnection>>,
+    /// Held while connecting, so that the calls that find no connection make one.
+    connecting: tokio::sync::Mutex<()>,
 }
 
-impl SentinelConnection {
-    fn new(
-        sentinel: Arc<tokio::sync::Mutex<SentinelClient>>,
-        config: AsyncConnectionConfig,
-    ) -> SentinelConnection {
-        SentinelConnection {
-            shared: Arc::new(SentinelShared {
-                sentinel,
+/// Where a `Reconnecting` connects to.
+enum Source {
+    Server(Box<Client>),
+    Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
+}
+
+impl Reconnecting {
+    fn new(source: Source, config: AsyncConnectionConfig) -> Reconnecting {
+        Reconnecting {
+            shared: Arc::new(ReconnectingShared {
+                source,
                 config,
                 current: Mutex::default(),
+                connecting: tokio::sync::Mutex::default(),
             }),
         }
     }
 
     async fn current(&self) -> RedisResult<MultiplexedConnection> {
+        let current = self.current_slot().clone();
+        match current {
+            Some(connection) => Ok(connection),
+            // Boxed: connecting is rare, and its state would weigh on every call.
+            None => Box::pin(self.connect()).await,
+        }
+    }
+
+    async fn connect(&self) -> RedisResult<MultiplexedConnection> {
+        let shared = &self.shared;
+        let _connecting = shared.connecting.lock().await;
         if let Some(connection) = self.current_slot().clone() {
             return Ok(connection);
         }
-        let shared = &self.shared;
-        let primary = shared.sentinel.lock().await.async_get_client().await?;
-        let connection = primary
+        let client = match &shared.source {
+            Source::Server(client) => (**client).clone(),
+            Source::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await?,
+        };
+        let connection = client
             .get_multiplexed_async_connection_with_config(&shared.config)
             .await?;
         *self.current_slot() = Some(connection.clone());
@@ -532,7 +547,7 @@ impl SentinelConnection {
 /// primary Sentinel names now and subscribes again to every channel still watched,
 /// trying until it can, then wakes the waiters to look again. Ends with the client.
 async fn resubscribe_after_drops(
-    subscriber: Weak<SentinelShared>,
+    subscriber: Weak<ReconnectingShared>,
     mut drops: tokio::sync::mpsc::UnboundedReceiver<()>,
     signals: Arc<Signals>,
 ) {
@@ -542,7 +557,7 @@ async fn resubscribe_after_drops(
             let Some(shared) = subscriber.upgrade() else {
                 return;
             };
-            let connection = SentinelConnection { shared };
+            let connection = Reconnecting { shared };
             *connection.current_slot() = None;
             if resubscribe(&connection, &signals).await.is_ok() {
                 break;
@@ -554,7 +569,7 @@ async fn resubscribe_after_drops(
     }
 }
 
-async fn resubscribe(connection: &SentinelConnection, signals: &Signals) -> RedisResult<()> {
+async fn resubscribe(connection: &Reconnecting, signals: &Signals) -> RedisResult<()> {
     let mut current = connection.current().await?;
     for channel in signals.channels() {
         current.subscribe(&channel).await?;
@@ -562,11 +577,11 @@ async fn resubscribe(connection: &SentinelConnection, signals: &Signals) -> Redi
     Ok(())
 }
 
-impl ConnectionLike for SentinelConnection {
+impl ConnectionLike for Reconnecting {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let mut connection = self.check(self.current().await)?;
-            let answer = connection.req_packed_command(cmd).await;
+            let answer = connection.send_packed_command(cmd).await;
             self.check(answer)
         })
     }
@@ -580,7 +595,7 @@ impl ConnectionLike for SentinelConnection {
         Box::pin(async move {
             let mut connection = self.check(self.current().await)?;
             let answer = connection
-                .req_packed_commands(pipeline, offset, count)
+                .send_packed_commands(pipeline, offset, count)
                 .await;
             self.check(answer)
         })
@@ -713,9 +728,17 @@ fn sentinel_client(
     )
 }
 
-/// No response timeout of redis-rs' own: every call is already `bounded`, and a
-/// second timer per request, armed inside redis-rs, wakes a parked runtime thread
-/// for almost every request (one thread switch in two on an uncontended pair).
+/// For the connection that sends the lock's commands. No response timeout of
+/// redis-rs' own: every call is already `bounded`, and a second timer per request,
+/// armed inside redis-rs, wakes a parked runtime thread for almost every request
+/// (one thread switch in two on an uncontended pair).
+fn command_config(config: &ClientConfig) -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(None)
+}
+
+/// For a single server's subscriber, which listens and never waits on an answer.
 fn manager_config(config: &ClientConfig) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
