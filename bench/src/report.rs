@@ -827,8 +827,8 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
         );
         let _ = writeln!(
             out,
-            "- **{}**: `SET key token NX PX 30000` on a redis-rs `ConnectionManager` (the \
-             connection type lock-runtime uses, with its 2 s bounds), retried after a fixed \
+            "- **{}**: `SET key token NX PX 30000` on a redis-rs `ConnectionManager` (which \
+             reconnects, with 2 s bounds on connecting and on each answer), retried after a fixed \
              {} ms sleep while the key is taken; released by a compare-and-delete Lua script \
              through `redis::Script` (EVALSHA).",
             self.label(PeerKind::Raw),
