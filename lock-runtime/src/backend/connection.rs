@@ -18,7 +18,7 @@ use redis::{
 };
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -476,7 +476,9 @@ pub(crate) struct Reconnecting {
 struct ReconnectingShared {
     source: Source,
     config: AsyncConnectionConfig,
-    current: Mutex<Option<MultiplexedConnection>>,
+    /// Read by every call, written only to connect again: a reader is never kept
+    /// waiting by another, even one whose thread is preempted while it reads.
+    current: RwLock<Option<MultiplexedConnection>>,
     /// Held while connecting, so that the calls that find no connection make one.
     connecting: tokio::sync::Mutex<()>,
 }
@@ -493,14 +495,14 @@ impl Reconnecting {
             shared: Arc::new(ReconnectingShared {
                 source,
                 config,
-                current: Mutex::default(),
+                current: RwLock::default(),
                 connecting: tokio::sync::Mutex::default(),
             }),
         }
     }
 
     async fn current(&self) -> RedisResult<MultiplexedConnection> {
-        let current = self.current_slot().clone();
+        let current = self.read_current().clone();
         match current {
             Some(connection) => Ok(connection),
             // Boxed: connecting is rare, and its state would weigh on every call.
@@ -511,7 +513,7 @@ impl Reconnecting {
     async fn connect(&self) -> RedisResult<MultiplexedConnection> {
         let shared = &self.shared;
         let _connecting = shared.connecting.lock().await;
-        if let Some(connection) = self.current_slot().clone() {
+        if let Some(connection) = self.read_current().clone() {
             return Ok(connection);
         }
         let client = match &shared.source {
@@ -521,14 +523,21 @@ impl Reconnecting {
         let connection = client
             .get_multiplexed_async_connection_with_config(&shared.config)
             .await?;
-        *self.current_slot() = Some(connection.clone());
+        *self.write_current() = Some(connection.clone());
         Ok(connection)
     }
 
-    fn current_slot(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+    fn read_current(&self) -> RwLockReadGuard<'_, Option<MultiplexedConnection>> {
         self.shared
             .current
-            .lock()
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_current(&self) -> RwLockWriteGuard<'_, Option<MultiplexedConnection>> {
+        self.shared
+            .current
+            .write()
             .unwrap_or_else(|p| p.into_inner())
     }
 
@@ -536,7 +545,7 @@ impl Reconnecting {
         if let Err(error) = &answer {
             let demoted = error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
             if demoted || error.is_io_error() || error.is_connection_dropped() {
-                *self.current_slot() = None;
+                *self.write_current() = None;
             }
         }
         answer
@@ -558,7 +567,7 @@ async fn resubscribe_after_drops(
                 return;
             };
             let connection = Reconnecting { shared };
-            *connection.current_slot() = None;
+            *connection.write_current() = None;
             if resubscribe(&connection, &signals).await.is_ok() {
                 break;
             }
@@ -602,7 +611,7 @@ impl ConnectionLike for Reconnecting {
     }
 
     fn get_db(&self) -> i64 {
-        self.current_slot()
+        self.read_current()
             .as_ref()
             .map_or(0, ConnectionLike::get_db)
     }
