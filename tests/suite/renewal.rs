@@ -77,3 +77,40 @@ async fn leases_that_fall_due_together_are_renewed_in_one_request() {
     );
     taker.release().await.unwrap();
 }
+
+/// A client made and first used on a runtime that has since shut down, its watchdog
+/// with it, still renews the leases it takes on the next runtime: an application
+/// that builds a runtime per job, or a test per runtime, keeps one client.
+#[test]
+fn a_client_outliving_its_runtime_still_renews_leases() {
+    let redis = RedisServer::start();
+    let lease = Duration::from_millis(300);
+    let options = LockOptions::new().lease(lease).watchdog(true);
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let client = runtime().block_on(async {
+        let client = LockClient::connect(&redis.url()).await.unwrap();
+        let guard = client.acquire("job:first", &options).await.unwrap();
+        guard.release().await.unwrap();
+        client
+    });
+    runtime().block_on(async {
+        let operator = LockClient::connect(&redis.url()).await.unwrap();
+        // The first call may find the old runtime's connection gone with it.
+        let mut taken = client.acquire("job:next", &options).await;
+        if taken.is_err() {
+            taken = client.acquire("job:next", &options).await;
+        }
+        let guard = taken.unwrap();
+        tokio::time::sleep(4 * lease).await;
+        assert!(guard.is_held(), "the lease ran out: nothing renewed it");
+        let left = operator.lease_left("job:next").await.unwrap();
+        assert!(left.is_some(), "the lock is no longer in Redis");
+        guard.release().await.unwrap();
+    });
+}

@@ -59,6 +59,9 @@ pub(super) struct Keeper {
     looks_at: AtomicU64,
     wake: Arc<Notify>,
     task: Mutex<Option<JoinHandle<()>>>,
+    /// The number of the keeper task that runs now, 0 while none does: read by every
+    /// hold, so that only the first hold after the task ended takes `task`'s lock.
+    running: AtomicU64,
 }
 
 impl Keeper {
@@ -70,18 +73,37 @@ impl Keeper {
         runtime: &Handle,
     ) -> Due {
         let due = (at, self.entries.fetch_add(1, Ordering::Relaxed));
-        self.in_use.store(true, Ordering::Relaxed);
-        self.schedule().insert(due, Arc::downgrade(hold));
-        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
-        // A task on a runtime that has shut down is gone: start one where we are.
-        if task.as_ref().is_none_or(JoinHandle::is_finished) {
-            *task = Some(runtime.spawn(look_after(Arc::downgrade(self))));
+        // Read first: a flag already set is not written again by every hold.
+        if !self.in_use.load(Ordering::Relaxed) {
+            self.in_use.store(true, Ordering::Relaxed);
         }
-        drop(task);
+        self.schedule().insert(due, Arc::downgrade(hold));
+        if self.running.load(Ordering::Acquire) == 0 {
+            self.start(runtime);
+        }
         if nanos(at) < self.looks_at.load(Ordering::Acquire) {
             self.wake.notify_one();
         }
         due
+    }
+
+    /// Starts the keeper task on `runtime`, unless another hold just did. A task on a
+    /// runtime that has shut down is gone: the next one runs where we are.
+    fn start(self: &Arc<Self>, runtime: &Handle) {
+        static TASKS: AtomicU64 = AtomicU64::new(1);
+        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+        if self.running.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        let number = TASKS.fetch_add(1, Ordering::Relaxed);
+        self.running.store(number, Ordering::Release);
+        let running = Running {
+            keeper: Arc::downgrade(self),
+            number,
+        };
+        if let Some(ended) = task.replace(runtime.spawn(look_after(running))) {
+            ended.abort();
+        }
     }
 
     pub(super) fn forget(&self, due: Due) {
@@ -132,7 +154,28 @@ impl Drop for Keeper {
     }
 }
 
-async fn look_after(keeper: Weak<Keeper>) {
+/// A keeper task's hold on its keeper: dropped when the task ends, however it ends
+/// (its runtime shut down, say), it tells the keeper that no task runs.
+struct Running {
+    keeper: Weak<Keeper>,
+    number: u64,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(keeper) = self.keeper.upgrade() {
+            let _ = keeper.running.compare_exchange(
+                self.number,
+                0,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+    }
+}
+
+async fn look_after(running: Running) {
+    let keeper = &running.keeper;
     loop {
         let Some(this) = keeper.upgrade() else { return };
         let now = Instant::now();
