@@ -35,7 +35,7 @@ impl Failover {
         .expect("connect to the healthy group")
     }
 
-    fn cut_off_replica(&self) {
+    fn cut_off_replica(&mut self) {
         match self {
             Failover::Sentinel(group) => group.cut_off_replica(),
             Failover::Cluster { cluster, shard, .. } => cluster.cut_off_replica(*shard),

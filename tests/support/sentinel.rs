@@ -88,13 +88,18 @@ impl SentinelGroup {
     /// link, so that nothing written from now on reaches it, until
     /// [`reconnect_replica`](Self::reconnect_replica) or, after the primary is
     /// killed, [`promote_replica`](Self::promote_replica).
-    pub fn cut_off_replica(&self) {
+    ///
+    /// A failover the Sentinels made on their own since the last fault (a primary
+    /// slow to answer on a loaded machine) is followed first, so that what is cut
+    /// off is the replica.
+    pub fn cut_off_replica(&mut self) {
+        self.follow_the_sentinels();
         self.replica.freeze();
         self.primary.drop_replica_links();
     }
 
     /// Thaws a replica that was cut off and waits until it is in sync again.
-    pub fn reconnect_replica(&self) {
+    pub fn reconnect_replica(&mut self) {
         self.replica.thaw();
         self.replica.wait_until_in_sync(Duration::from_secs(10));
     }
