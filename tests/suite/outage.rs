@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
-use lock_tests::RedisServer;
+use lock_tests::{RedisServer, TcpProxy};
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,4 +79,40 @@ async fn connecting_to_nothing_fails_in_bound() {
         matches!(bad_url, Err(LockError::Backend { .. })),
         "{bad_url:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_between_calls_costs_the_next_acquire_nothing() {
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port()).await;
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let options = LockOptions::new().lease(Duration::from_secs(10));
+    client
+        .acquire("invoice", &options)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // As a load balancer's idle timeout or a Redis restart does.
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let guard = client
+        .acquire("invoice", &options)
+        .await
+        .expect("the acquire after the cut reconnects instead of failing");
+    let other = LockClient::connect(&redis.url()).await.unwrap();
+    let busy = other
+        .acquire("invoice", &LockOptions::new().spin(false))
+        .await;
+    assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
+    guard.release().await.unwrap();
+    other
+        .acquire("invoice", &LockOptions::new())
+        .await
+        .expect("released")
+        .release()
+        .await
+        .unwrap();
 }

@@ -173,25 +173,35 @@ impl RedisNode {
         fencing: bool,
         queue: Queue,
     ) -> Result<Attempt, LockError> {
-        let mut connection = self.connection.clone();
         if kind == Kind::Exclusive && !fencing && !queue.joins() {
             // A native `SET NX` does the job without a script. It also respects a lock
             // passed to a waiter; it takes a lock freed by expiry before the queue does.
             // `GET` makes it fail with `WRONGTYPE` on a key that is no string: holders
             // that share the key, or a lock left by an older version. The script tells
-            // those apart.
+            // those apart. It also makes the `SET` safe to send again on a connection
+            // found dropped: a first one that ran answers with this token.
             let mut set = on_lock("SET", name.hash());
             set.arg(token)
                 .arg("NX")
                 .arg("PX")
                 .arg(lease_ms(lease))
                 .arg("GET");
-            let set = bounded(
-                self.config.command_timeout,
-                set.query_async::<Option<redis::Value>>(&mut connection),
-            );
-            match set.await {
+            let limit = self.config.command_timeout;
+            let mut connection = self.connection.clone();
+            let answer = match bounded(limit, set.query_async(&mut connection)).await {
+                // Boxed, as the rare way: the first request's future holds no second.
+                Err(error) if error.is_connection_dropped() => {
+                    let mut connection = self.connection.clone();
+                    Box::pin(bounded(limit, set.query_async(&mut connection))).await
+                }
+                answer => answer,
+            };
+            match answer {
                 Ok(None) => return self.replicated(name, token, None).await,
+                // Taken by a first `SET` whose answer was lost with its connection.
+                Ok(Some(redis::Value::BulkString(holder))) if holder == token.as_bytes() => {
+                    return self.replicated(name, token, None).await;
+                }
                 Ok(Some(_holder)) => {
                     return Ok(Attempt::Busy {
                         retry_in: None,
