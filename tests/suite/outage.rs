@@ -116,3 +116,39 @@ async fn a_connection_cut_between_calls_costs_the_next_acquire_nothing() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_answer_was_lost_with_its_connection_holds_the_lock() {
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port()).await;
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let operator = LockClient::connect(&redis.url()).await.unwrap();
+    let lease = Duration::from_secs(10);
+    let fail_fast = LockOptions::new().lease(lease).spin(false);
+
+    proxy.stall_answers();
+    let acquiring = tokio::spawn(async move {
+        let guard = client.acquire("invoice", &fail_fast).await;
+        (client, guard)
+    });
+    while operator.lease_left("invoice").await.unwrap().is_none() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The SET ran; its answer goes with the connection.
+    proxy.cut();
+    proxy.resume();
+    let (client, guard) = acquiring.await.unwrap();
+    let guard = guard.expect("the SET sent again finds its own token: the lock is this acquire's");
+    assert!(guard.is_held());
+    let other = operator
+        .acquire("invoice", &LockOptions::new().spin(false))
+        .await;
+    assert!(matches!(other, Err(LockError::Busy { .. })), "{other:?}");
+    guard.release().await.unwrap();
+    assert_eq!(
+        operator.lease_left("invoice").await.unwrap(),
+        None,
+        "released"
+    );
+    drop(client);
+}

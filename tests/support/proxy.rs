@@ -16,6 +16,8 @@ pub struct TcpProxy {
 struct Flow {
     /// Bytes are held back, in both directions, until the proxy resumes.
     stalled: bool,
+    /// Bytes from the server are held back until the proxy resumes.
+    answers_stalled: bool,
     /// How many times every open connection was cut; a connection made after the
     /// n-th cut survives until the next.
     cuts: u64,
@@ -31,8 +33,10 @@ impl TcpProxy {
         let (state, _) = watch::channel(Flow::default());
         let flows = state.clone();
         let accepting = relay(listener, target_port, move |to_server, to_client| {
-            tokio::spawn(pipe(to_server.0, to_server.1, flows.subscribe()));
-            tokio::spawn(pipe(to_client.0, to_client.1, flows.subscribe()));
+            tokio::spawn(pipe(to_server, flows.subscribe(), |flow| flow.stalled));
+            tokio::spawn(pipe(to_client, flows.subscribe(), |flow| {
+                flow.stalled || flow.answers_stalled
+            }));
         });
         TcpProxy {
             port,
@@ -52,8 +56,15 @@ impl TcpProxy {
         self.state.send_modify(|flow| flow.stalled = true);
     }
 
+    /// Holds back every answer until [`resume`](Self::resume): requests reach the
+    /// server and run, and their answers wait.
+    pub fn stall_answers(&self) {
+        self.state.send_modify(|flow| flow.answers_stalled = true);
+    }
+
     pub fn resume(&self) {
-        self.state.send_modify(|flow| flow.stalled = false);
+        self.state
+            .send_modify(|flow| (flow.stalled, flow.answers_stalled) = (false, false));
     }
 
     /// Closes every connection made so far.
@@ -93,7 +104,11 @@ pub(crate) fn relay(
     })
 }
 
-async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut flow: watch::Receiver<Flow>) {
+async fn pipe(
+    (mut from, mut to): Direction,
+    mut flow: watch::Receiver<Flow>,
+    held_back: impl Fn(Flow) -> bool,
+) {
     let born_after = flow.borrow_and_update().cuts;
     let is_cut = |state: Flow| state.cuts > born_after;
     let mut buffer = vec![0; 16 * 1024];
@@ -113,7 +128,7 @@ async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut flow: watch::
             if is_cut(state) {
                 return;
             }
-            if !state.stalled {
+            if !held_back(state) {
                 break;
             }
             if flow.changed().await.is_err() {
