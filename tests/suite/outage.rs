@@ -152,3 +152,35 @@ async fn an_acquire_whose_answer_was_lost_with_its_connection_holds_the_lock() {
     );
     drop(client);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_cut_off_together_make_one_new_connection() {
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port()).await;
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let options = LockOptions::new().lease(Duration::from_secs(10));
+    client
+        .acquire("warm", &options)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let before = redis.connections_received();
+
+    proxy.stall();
+    let acquiring: Vec<_> = (0..64)
+        .map(|n| {
+            let (client, options) = (client.clone(), options.clone());
+            tokio::spawn(async move { client.acquire(&format!("order:{n}"), &options).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.cut();
+    proxy.resume();
+    for acquiring in acquiring {
+        acquiring.await.unwrap().unwrap().release().await.unwrap();
+    }
+    let made = redis.connections_received() - before - 1;
+    assert_eq!(made, 1, "the client connected {made} times for one cut");
+}

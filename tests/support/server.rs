@@ -355,6 +355,19 @@ impl RedisServer {
             .map_or(0, |calls| calls.parse().expect("a call count"))
     }
 
+    /// How many connections the server has accepted (`INFO stats`), the one that
+    /// asks included: a count taken after another is one more for that alone.
+    pub fn connections_received(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut self.connection())
+            .expect("INFO stats");
+        info.lines()
+            .find_map(|line| line.strip_prefix("total_connections_received:"))
+            .map(|count| count.trim().parse::<u64>().expect("a connection count"))
+            .expect("INFO stats names total_connections_received")
+    }
+
     /// Requests of the lock protocol the server ran: acquires (`SET`), releases
     /// (`EVALSHA`, or `DELIFEQ` on Valkey 9) and renewals (`EVALSHA`). A script
     /// that sets the key counts twice: a fenced acquire, and an acquire that joins

@@ -418,7 +418,7 @@ impl Connection {
 
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
-            Connection::Own(own) => own.current().await?.subscribe(channel).await,
+            Connection::Own(own) => own.current().await?.connection.subscribe(channel).await,
             Connection::Manager(manager) => manager.subscribe(channel).await,
             Connection::Cluster(cluster) => cluster.ssubscribe(channel).await,
         }
@@ -426,7 +426,7 @@ impl Connection {
 
     pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
-            Connection::Own(own) => own.current().await?.unsubscribe(channel).await,
+            Connection::Own(own) => own.current().await?.connection.unsubscribe(channel).await,
             Connection::Manager(manager) => manager.unsubscribe(channel).await,
             Connection::Cluster(cluster) => cluster.sunsubscribe(channel).await,
         }
@@ -478,9 +478,25 @@ struct ReconnectingShared {
     config: AsyncConnectionConfig,
     /// Read by every call, written only to connect again: a reader is never kept
     /// waiting by another, even one whose thread is preempted while it reads.
-    current: RwLock<Option<MultiplexedConnection>>,
+    slot: RwLock<Slot>,
     /// Held while connecting, so that the calls that find no connection make one.
     connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// How many connections were made.
+    made: u64,
+    /// The one calls take now.
+    current: Option<Made>,
+}
+
+/// A connection made, numbered so that a call that fails on it forgets it and none
+/// made since: calls cut off together connect again once.
+#[derive(Clone)]
+struct Made {
+    number: u64,
+    connection: MultiplexedConnection,
 }
 
 /// Where a `Reconnecting` connects to.
@@ -495,26 +511,26 @@ impl Reconnecting {
             shared: Arc::new(ReconnectingShared {
                 source,
                 config,
-                current: RwLock::default(),
+                slot: RwLock::default(),
                 connecting: tokio::sync::Mutex::default(),
             }),
         }
     }
 
-    async fn current(&self) -> RedisResult<MultiplexedConnection> {
-        let current = self.read_current().clone();
+    async fn current(&self) -> RedisResult<Made> {
+        let current = self.read_slot().current.clone();
         match current {
-            Some(connection) => Ok(connection),
+            Some(made) => Ok(made),
             // Boxed: connecting is rare, and its state would weigh on every call.
             None => Box::pin(self.connect()).await,
         }
     }
 
-    async fn connect(&self) -> RedisResult<MultiplexedConnection> {
+    async fn connect(&self) -> RedisResult<Made> {
         let shared = &self.shared;
         let _connecting = shared.connecting.lock().await;
-        if let Some(connection) = self.read_current().clone() {
-            return Ok(connection);
+        if let Some(made) = self.read_slot().current.clone() {
+            return Ok(made);
         }
         let client = match &shared.source {
             Source::Server(client) => (**client).clone(),
@@ -523,29 +539,38 @@ impl Reconnecting {
         let connection = client
             .get_multiplexed_async_connection_with_config(&shared.config)
             .await?;
-        *self.write_current() = Some(connection.clone());
-        Ok(connection)
+        let mut slot = self.write_slot();
+        slot.made += 1;
+        let made = Made {
+            number: slot.made,
+            connection,
+        };
+        slot.current = Some(made.clone());
+        Ok(made)
     }
 
-    fn read_current(&self) -> RwLockReadGuard<'_, Option<MultiplexedConnection>> {
-        self.shared
-            .current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+    fn read_slot(&self) -> RwLockReadGuard<'_, Slot> {
+        self.shared.slot.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write_current(&self) -> RwLockWriteGuard<'_, Option<MultiplexedConnection>> {
-        self.shared
-            .current
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
+    fn write_slot(&self) -> RwLockWriteGuard<'_, Slot> {
+        self.shared.slot.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn check<T>(&self, answer: RedisResult<T>) -> RedisResult<T> {
+    /// Forgets connection `number` if `answer` says it is gone (or its server
+    /// demoted), unless it was forgotten already.
+    fn check<T>(&self, answer: RedisResult<T>, number: u64) -> RedisResult<T> {
         if let Err(error) = &answer {
             let demoted = error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
             if demoted || error.is_io_error() || error.is_connection_dropped() {
-                *self.write_current() = None;
+                let mut slot = self.write_slot();
+                if slot
+                    .current
+                    .as_ref()
+                    .is_some_and(|made| made.number == number)
+                {
+                    slot.current = None;
+                }
             }
         }
         answer
@@ -567,7 +592,7 @@ async fn resubscribe_after_drops(
                 return;
             };
             let connection = Reconnecting { shared };
-            *connection.write_current() = None;
+            connection.write_slot().current = None;
             if resubscribe(&connection, &signals).await.is_ok() {
                 break;
             }
@@ -579,7 +604,7 @@ async fn resubscribe_after_drops(
 }
 
 async fn resubscribe(connection: &Reconnecting, signals: &Signals) -> RedisResult<()> {
-    let mut current = connection.current().await?;
+    let mut current = connection.current().await?.connection;
     for channel in signals.channels() {
         current.subscribe(&channel).await?;
     }
@@ -589,9 +614,12 @@ async fn resubscribe(connection: &Reconnecting, signals: &Signals) -> RedisResul
 impl ConnectionLike for Reconnecting {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let mut connection = self.check(self.current().await)?;
+            let Made {
+                number,
+                mut connection,
+            } = self.current().await?;
             let answer = connection.send_packed_command(cmd).await;
-            self.check(answer)
+            self.check(answer, number)
         })
     }
 
@@ -602,18 +630,22 @@ impl ConnectionLike for Reconnecting {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let mut connection = self.check(self.current().await)?;
+            let Made {
+                number,
+                mut connection,
+            } = self.current().await?;
             let answer = connection
                 .send_packed_commands(pipeline, offset, count)
                 .await;
-            self.check(answer)
+            self.check(answer, number)
         })
     }
 
     fn get_db(&self) -> i64 {
-        self.read_current()
+        self.read_slot()
+            .current
             .as_ref()
-            .map_or(0, ConnectionLike::get_db)
+            .map_or(0, |made| made.connection.get_db())
     }
 }
 
