@@ -99,7 +99,7 @@ impl SentinelGroup {
     }
 
     /// Thaws a replica that was cut off and waits until it is in sync again.
-    pub fn reconnect_replica(&mut self) {
+    pub fn reconnect_replica(&self) {
         self.replica.thaw();
         self.replica.wait_until_in_sync(Duration::from_secs(10));
     }
