@@ -83,17 +83,8 @@ async fn connecting_to_nothing_fails_in_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_cut_between_calls_costs_the_next_acquire_nothing() {
-    let redis = RedisServer::start();
-    let proxy = TcpProxy::start(redis.port()).await;
-    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let (redis, proxy, client) = connected_through_a_proxy().await;
     let options = LockOptions::new().lease(Duration::from_secs(10));
-    client
-        .acquire("invoice", &options)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
 
     // As a load balancer's idle timeout or a Redis restart does.
     proxy.cut();
@@ -119,9 +110,7 @@ async fn a_connection_cut_between_calls_costs_the_next_acquire_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_whose_answer_was_lost_with_its_connection_holds_the_lock() {
-    let redis = RedisServer::start();
-    let proxy = TcpProxy::start(redis.port()).await;
-    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let (redis, proxy, client) = connected_through_a_proxy().await;
     let operator = LockClient::connect(&redis.url()).await.unwrap();
     let lease = Duration::from_secs(10);
     let fail_fast = LockOptions::new().lease(lease).spin(false);
@@ -154,17 +143,8 @@ async fn an_acquire_whose_answer_was_lost_with_its_connection_holds_the_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_cut_off_together_make_one_new_connection() {
-    let redis = RedisServer::start();
-    let proxy = TcpProxy::start(redis.port()).await;
-    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let (redis, proxy, client) = connected_through_a_proxy().await;
     let options = LockOptions::new().lease(Duration::from_secs(10));
-    client
-        .acquire("warm", &options)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
     let before = redis.connections_received();
 
     proxy.stall();
@@ -183,4 +163,20 @@ async fn requests_cut_off_together_make_one_new_connection() {
     // Less the connection that took this count.
     let made = redis.connections_received() - before - 1;
     assert_eq!(made, 1, "the client connected {made} times for one cut");
+}
+
+/// A server, a proxy in front of it, and a client through the proxy whose
+/// connection is up: it has taken and released a lock.
+async fn connected_through_a_proxy() -> (RedisServer, TcpProxy, LockClient) {
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port()).await;
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    client
+        .acquire("warm", &LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    (redis, proxy, client)
 }
