@@ -112,15 +112,21 @@ async fn a_connection_cut_between_calls_costs_the_next_acquire_nothing() {
 async fn an_acquire_whose_answer_was_lost_with_its_connection_holds_the_lock() {
     let (redis, proxy, client) = connected_through_a_proxy().await;
     let operator = LockClient::connect(&redis.url()).await.unwrap();
-    let lease = Duration::from_secs(10);
-    let fail_fast = LockOptions::new().lease(lease).spin(false);
+    let fail_fast = LockOptions::new()
+        .lease(Duration::from_secs(10))
+        .spin(false);
 
     proxy.stall_answers();
     let acquiring = tokio::spawn(async move {
         let guard = client.acquire("invoice", &fail_fast).await;
         (client, guard)
     });
+    let asked = Instant::now();
     while operator.lease_left("invoice").await.unwrap().is_none() {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "the SET never reached Redis"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // The SET ran; its answer goes with the connection.

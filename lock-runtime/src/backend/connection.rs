@@ -558,7 +558,7 @@ impl Reconnecting {
     }
 
     /// Forgets connection `number` if `answer` says it is gone (or its server
-    /// demoted), unless it was forgotten already.
+    /// demoted), unless a newer one has taken its place.
     fn check<T>(&self, answer: RedisResult<T>, number: u64) -> RedisResult<T> {
         if let Err(error) = &answer {
             let demoted = error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
