@@ -3,6 +3,7 @@
 //! BENCHMARKS.md. See `--help`.
 
 mod chart;
+mod demo;
 mod holding;
 mod peers;
 mod replicas;
@@ -35,11 +36,12 @@ usage: lock-bench [--out PATH] [--quick] [--rounds N] [--raw-retry-ms MS] [--onl
   --out PATH         write the report there (default BENCHMARKS.md; with --quick, stdout only)
   --quick            small counts and one round, to try the bench out
   --rounds N         rounds of every scenario (default 7 uncontended, 5 contended,
-                     3 keeping)
+                     3 keeping, 5 demo)
   --raw-retry-ms MS  the raw protocol's sleep between tries (default 10)
   --only SLUGS       run only these scenarios: uncontended-1, uncontended-64, hot-16,
                      hot-256, hot-1000, processes-4x64, keeping (10,000 and 50,000
-                     locks held by one client)
+                     locks held by one client), demo (the flash sale in memory
+                     and over Redis)
   --peers IDS        run only these implementations: library, library-fixed (a fixed
                      10 s lease, no watchdog), raw, raw-careful (one connection, no
                      timeout, uuid tokens), rslock, rslock-fast, serial (no lock: the
@@ -347,11 +349,20 @@ async fn bench(options: &Options) -> Report {
             holding::keeping_many_locks(&[10_000, 50_000], options.rounds.unwrap_or(3)).await
         }
     };
+    let demo = match options
+        .only
+        .as_ref()
+        .is_none_or(|only| only.iter().any(|slug| slug == "demo"))
+    {
+        true => demo::flash_sale(options.rounds.unwrap_or(if options.quick { 1 } else { 5 })),
+        false => String::new(),
+    };
     Report {
         results,
         replica_sync,
         valkey,
         keeping,
+        demo,
         raw_retry: options.raw_retry,
         redis_version: redis_version(&server),
         cores: std::thread::available_parallelism().map_or(0, usize::from),

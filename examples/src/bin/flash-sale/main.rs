@@ -5,8 +5,10 @@
 //! `flash-sale` runs the service and the buyers in one process and reports.
 //! `flash-sale serve` only serves (several such processes can share one Redis).
 //! With `REDIS_URL` set, locks and stock live in that Redis; otherwise in memory.
-//! `STOCK`, `REQUESTS` and `CONCURRENCY` change the numbers. `GET /metrics` serves
-//! the lock metrics in Prometheus text.
+//! `STOCK_IN_MEMORY=1` keeps the stock in this process while the locks go to Redis,
+//! to show what the locks cost by themselves (one process only: a `serve` process
+//! refuses it). `STOCK`, `REQUESTS` and `CONCURRENCY` change the numbers.
+//! `GET /metrics` serves the lock metrics in Prometheus text.
 
 mod load;
 mod shop;
@@ -35,24 +37,27 @@ async fn main() -> Result<(), LockError> {
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .expect("the only metrics recorder");
+    let stock_in_memory = std::env::var_os("STOCK_IN_MEMORY").is_some();
+    if stock_in_memory && serve_only {
+        eprintln!(
+            "flash-sale: STOCK_IN_MEMORY keeps the stock in this process, which `serve` \
+             processes cannot share: run the sale without `serve`"
+        );
+        std::process::exit(2);
+    }
     let shop = match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("backend: Redis at {url}");
-            let backend = LockError::from;
-            let redis = redis::Client::open(url.as_str()).map_err(backend)?;
-            let mut data = redis
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(backend)?;
-            if !serve_only {
-                let () = data
-                    .set(format!("flash-sale:stock:{SKU}"), stock)
-                    .await
-                    .map_err(backend)?;
-            }
+            let stock = match stock_in_memory {
+                true => {
+                    println!("stock: process memory (STOCK_IN_MEMORY)");
+                    in_memory(stock)
+                }
+                false => Stock::Redis(stock_in_redis(&url, stock, serve_only).await?),
+            };
             Shop {
                 locks: LockClient::connect(&url).await?,
-                stock: Stock::Redis(data),
+                stock,
                 metrics,
             }
         }
@@ -61,10 +66,7 @@ async fn main() -> Result<(), LockError> {
             Shop {
                 locks: LockClient::memory(),
                 metrics,
-                stock: Stock::Memory(Arc::new(Mutex::new(HashMap::from([(
-                    SKU.to_owned(),
-                    stock,
-                )])))),
+                stock: in_memory(stock),
             }
         }
     };
@@ -122,4 +124,33 @@ async fn main() -> Result<(), LockError> {
     }
     println!("sold + left = {stock}: nothing oversold");
     Ok(())
+}
+
+fn in_memory(stock: i64) -> Stock {
+    Stock::Memory(Arc::new(Mutex::new(HashMap::from([(
+        SKU.to_owned(),
+        stock,
+    )]))))
+}
+
+/// A connection for the stock in Redis, which a sale (not a `serve` process) starts
+/// with `stock` items.
+async fn stock_in_redis(
+    url: &str,
+    stock: i64,
+    serve_only: bool,
+) -> Result<redis::aio::MultiplexedConnection, LockError> {
+    let backend = LockError::from;
+    let redis = redis::Client::open(url).map_err(backend)?;
+    let mut data = redis
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(backend)?;
+    if !serve_only {
+        let () = data
+            .set(format!("flash-sale:stock:{SKU}"), stock)
+            .await
+            .map_err(backend)?;
+    }
+    Ok(data)
 }
