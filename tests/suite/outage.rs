@@ -84,21 +84,24 @@ async fn connecting_to_nothing_fails_in_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_cut_between_calls_costs_the_next_acquire_nothing() {
     let (redis, proxy, client) = connected_through_a_proxy().await;
-    let options = LockOptions::new().lease(Duration::from_secs(10));
-
-    // As a load balancer's idle timeout or a Redis restart does.
-    proxy.cut();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let guard = client
-        .acquire("invoice", &options)
-        .await
-        .expect("the acquire after the cut reconnects instead of failing");
     let other = LockClient::connect(&redis.url()).await.unwrap();
-    let busy = other
-        .acquire("invoice", &LockOptions::new().spin(false))
-        .await;
-    assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
-    guard.release().await.unwrap();
+    for (way, options) in plain_and_fenced() {
+        // As a load balancer's idle timeout or a Redis restart does.
+        proxy.cut();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let guard = client
+            .acquire("invoice", &options)
+            .await
+            .unwrap_or_else(|error| panic!("{way}: the acquire after the cut failed: {error}"));
+        let busy = other
+            .acquire("invoice", &LockOptions::new().spin(false))
+            .await;
+        assert!(
+            matches!(busy, Err(LockError::Busy { .. })),
+            "{way}: {busy:?}"
+        );
+        guard.release().await.unwrap();
+    }
     other
         .acquire("invoice", &LockOptions::new())
         .await
@@ -110,41 +113,52 @@ async fn a_connection_cut_between_calls_costs_the_next_acquire_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_whose_answer_was_lost_with_its_connection_holds_the_lock() {
-    let (redis, proxy, client) = connected_through_a_proxy().await;
+    let (redis, proxy, mut client) = connected_through_a_proxy().await;
     let operator = LockClient::connect(&redis.url()).await.unwrap();
-    let fail_fast = LockOptions::new()
-        .lease(Duration::from_secs(10))
-        .spin(false);
-
-    proxy.stall_answers();
-    let acquiring = tokio::spawn(async move {
-        let guard = client.acquire("invoice", &fail_fast).await;
-        (client, guard)
-    });
-    let asked = Instant::now();
-    while operator.lease_left("invoice").await.unwrap().is_none() {
+    for (way, options) in plain_and_fenced() {
+        let fail_fast = options.clone().spin(false);
+        proxy.stall_answers();
+        let acquiring = tokio::spawn(async move {
+            let guard = client.acquire("invoice", &fail_fast).await;
+            (client, guard)
+        });
+        let asked = Instant::now();
+        while operator.lease_left("invoice").await.unwrap().is_none() {
+            assert!(
+                asked.elapsed() < Duration::from_secs(10),
+                "{way}: the request never reached Redis"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // It ran; its answer goes with the connection.
+        proxy.cut();
+        proxy.resume();
+        let guard;
+        (client, guard) = acquiring.await.unwrap();
+        let guard = guard.unwrap_or_else(|error| {
+            panic!("{way}: sent again, it finds its own token, and the lock is its own: {error}")
+        });
+        assert!(guard.is_held());
+        let other = operator
+            .acquire("invoice", &options.clone().spin(false))
+            .await;
         assert!(
-            asked.elapsed() < Duration::from_secs(10),
-            "the SET never reached Redis"
+            matches!(other, Err(LockError::Busy { .. })),
+            "{way}: {other:?}"
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        let fence = guard.fencing_token();
+        assert_eq!(fence.is_some(), way == "fenced", "{way}");
+        guard.release().await.unwrap();
+        let next = operator
+            .acquire("invoice", &options)
+            .await
+            .expect("released");
+        if let Some(fence) = fence {
+            let next_fence = next.fencing_token().expect("fenced");
+            assert!(next_fence > fence, "{way}: {next_fence} after {fence}");
+        }
+        next.release().await.unwrap();
     }
-    // The SET ran; its answer goes with the connection.
-    proxy.cut();
-    proxy.resume();
-    let (_client, guard) = acquiring.await.unwrap();
-    let guard = guard.expect("the SET sent again finds its own token: the lock is this acquire's");
-    assert!(guard.is_held());
-    let other = operator
-        .acquire("invoice", &LockOptions::new().spin(false))
-        .await;
-    assert!(matches!(other, Err(LockError::Busy { .. })), "{other:?}");
-    guard.release().await.unwrap();
-    assert_eq!(
-        operator.lease_left("invoice").await.unwrap(),
-        None,
-        "released"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,4 +199,11 @@ async fn connected_through_a_proxy() -> (RedisServer, TcpProxy, LockClient) {
         .await
         .unwrap();
     (redis, proxy, client)
+}
+
+/// The two ways an acquire asks Redis: a plain lock by `SET NX`, a fenced one by the
+/// acquire script.
+fn plain_and_fenced() -> [(&'static str, LockOptions); 2] {
+    let plain = LockOptions::new().lease(Duration::from_secs(10));
+    [("plain", plain.clone()), ("fenced", plain.fencing(true))]
 }

@@ -216,7 +216,11 @@ impl RedisNode {
         Box::pin(self.acquire_by_script(name, token, lease, fencing, queue)).await
     }
 
-    /// The acquire script: for the kinds, the queue and fencing.
+    /// The acquire script: for the kinds, the queue and fencing. Sent again once on a
+    /// connection found dropped, like the `SET NX`: a first run that granted the lock
+    /// leaves it held by this token, which a second run finds and claims again, and a
+    /// place taken in the queue is kept (`ZADD NX`). A fencing token is then issued
+    /// twice, and the second, greater one is this acquisition's.
     async fn acquire_by_script(
         &self,
         name: &LockName,
@@ -225,7 +229,6 @@ impl RedisNode {
         fencing: bool,
         queue: Queue,
     ) -> Result<Attempt, LockError> {
-        let mut connection = self.connection.clone();
         let (mode, stay) = match queue {
             Queue::Respect => ("respect", Duration::ZERO),
             Queue::Join(stay) => ("join", stay),
@@ -241,7 +244,12 @@ impl RedisNode {
             .arg(lease_ms(CLAIM_WINDOW))
             .arg(name.grants())
             .arg(self.target.publish_command());
-        let reply: Vec<i64> = self.run(name, invocation.invoke(&mut connection)).await?;
+        let invocation = &invocation;
+        let reply: Vec<i64> = self
+            .idempotent(name, |mut connection| async move {
+                invocation.invoke(&mut connection).await
+            })
+            .await?;
         Ok(match reply[..] {
             [1, counter, ..] => {
                 let fence = fencing.then_some(counter as u64);
