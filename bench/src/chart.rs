@@ -113,6 +113,11 @@ fn draw(
 
 /// One log-log panel: a line and its points per implementation.
 fn plot(area: &Area<'_>, title: &str, unit: &str, lines: &[Line]) -> Drawn {
+    // No point to scale the axes to (a run of the serial limit alone has no waits):
+    // a log axis from infinity to zero would ask for ticks without end.
+    if lines.is_empty() {
+        return Ok(());
+    }
     let values = lines
         .iter()
         .flat_map(|line| &line.points)
