@@ -3,12 +3,14 @@
 //! for a lock (for a semaphore, up to its permits; for shared holders, each one).
 //! A task whose turn it is listens for the holder's release, and keeps its turn
 //! while it holds the lock. A holder may leave what it holds (`H`) in the line for
-//! the next task instead of releasing it. A key nobody waits for or holds leaves
-//! nothing behind.
+//! the next task instead of releasing it. A line nobody is in holds nothing: it
+//! stays for the next task that wants its key, until it is swept out with the other
+//! idle lines once they outnumber the lines in use.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::{Hash, Hasher};
+use std::mem;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::quality::RandomState;
@@ -22,14 +24,26 @@ use crate::options::Kind;
 /// takes them all.
 const SHARED_AT_ONCE: u32 = 1 << 20;
 
+/// How many lines a client keeps, idle ones included, before it first sweeps out
+/// the idle ones: a few hundred bytes each.
+const LINES_KEPT_AT_LEAST: usize = 1024;
+
 pub(crate) struct Queues<H> {
     backend: Arc<Backend>,
     /// The client whose lines these are.
     client: Arc<str>,
-    /// Looked up when a task joins a line and when the last place leaves it; in
-    /// between, a place goes to its line directly. Hashed with a seeded foldhash,
-    /// cheaper than SipHash on a path every acquire takes.
-    lines: Mutex<HashMap<LineKey, Arc<Line<H>>, RandomState>>,
+    lines: Mutex<Lines<H>>,
+}
+
+/// A client's lines by key. Looked up when a task joins a line; from then on, its
+/// place goes to its line directly.
+struct Lines<H> {
+    /// Hashed with a seeded foldhash, cheaper than SipHash on a path every acquire
+    /// takes.
+    by_key: HashMap<LineKey, Arc<Line<H>>, RandomState>,
+    /// How many lines there may be before the next task to join sweeps out the idle
+    /// ones.
+    sweep_at: usize,
 }
 
 /// A line's key, the lock's Redis name, shared with the places in it: joining a
@@ -56,14 +70,14 @@ struct LineState<H> {
 }
 
 /// A task's place in a key's line, from joining it until its turn ends. However it
-/// is dropped, the last place to go takes the line and its subscription with it.
+/// is dropped, the last place to go takes the line's subscription with it.
 pub(crate) struct Place<H> {
     queues: Arc<Queues<H>>,
     name: Arc<LockName>,
     line: Arc<Line<H>>,
     /// How many of the line's turns this place takes.
     weight: u32,
-    /// Whether its turn, the last in the line, took the line away as it ended.
+    /// Whether its turn gave it up as it ended.
     left: bool,
 }
 
@@ -80,7 +94,10 @@ impl<H> Queues<H> {
         Arc::new(Queues {
             backend,
             client,
-            lines: Mutex::new(HashMap::with_hasher(RandomState::default())),
+            lines: Mutex::new(Lines {
+                by_key: HashMap::with_hasher(RandomState::default()),
+                sweep_at: LINES_KEPT_AT_LEAST,
+            }),
         })
     }
 
@@ -97,8 +114,7 @@ impl<H> Queues<H> {
             Kind::Shared => (SHARED_AT_ONCE, 1),
             Kind::Permit(permits) => (permits, 1),
         };
-        let mut lines = self.lines();
-        let line = lines.entry(LineKey(name.clone())).or_insert_with(|| {
+        let new_line = || {
             Arc::new(Line {
                 kind,
                 turns: Semaphore::new(capacity as usize),
@@ -109,11 +125,26 @@ impl<H> Queues<H> {
                     handed: Vec::new(),
                 }),
             })
-        });
+        };
+        let mut lines = self.lines();
+        if lines.by_key.len() >= lines.sweep_at {
+            lines.sweep();
+        }
+        let line = match lines.by_key.entry(LineKey(name.clone())) {
+            Entry::Occupied(mut taken) => {
+                // An idle line of another kind is as good as gone: the key gets a new
+                // one, with this kind's turns.
+                if taken.get().kind != kind && taken.get().state().places == 0 {
+                    taken.insert(new_line());
+                }
+                taken.into_mut()
+            }
+            Entry::Vacant(free) => free.insert(new_line()),
+        };
         if !line.kind.mixes_with(kind) {
             return Err(line.kind);
         }
-        // Under the map's lock, so that the last place leaving sees it.
+        // Under the map's lock, so that a sweep sees it.
         line.state().places += 1;
         Ok(Place {
             queues: self.clone(),
@@ -124,10 +155,20 @@ impl<H> Queues<H> {
         })
     }
 
-    fn lines(&self) -> MutexGuard<'_, HashMap<LineKey, Arc<Line<H>>, RandomState>> {
+    fn lines(&self) -> MutexGuard<'_, Lines<H>> {
         self.lines
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl<H> Lines<H> {
+    /// Drops the lines nobody is in. Under the map's lock, which a task joins under,
+    /// so none can join one meanwhile; then only the place that left it last may
+    /// still hold an idle line, and it is done with it.
+    fn sweep(&mut self) {
+        self.by_key.retain(|_, line| line.state().places > 0);
+        self.sweep_at = (2 * self.by_key.len()).max(LINES_KEPT_AT_LEAST);
     }
 }
 
@@ -173,44 +214,33 @@ impl<H> Place<H> {
         }
     }
 
-    /// Takes the line out of its client's map if `empties` finds it empty. Under the
-    /// map's lock, which a task joins under, so none can join meanwhile.
-    fn take_line_away_if(&self, empties: impl FnOnce(&mut LineState<H>) -> bool) -> bool {
-        let mut lines = self.queues.lines();
-        // One look-up for both the check and the removal.
-        let Entry::Occupied(entry) = lines.entry(LineKey(self.name.clone())) else {
-            return false;
-        };
-        if !Arc::ptr_eq(entry.get(), &self.line) || !empties(&mut self.line.state()) {
-            return false;
+    /// Gives up this place, and the turn it had if `had_turn`. What was handed on
+    /// that no task still waits for is dropped, which gives it back to the store; the
+    /// last place to go drops the key's release signals.
+    fn leave(&mut self, had_turn: bool) {
+        if mem::replace(&mut self.left, true) {
+            return;
         }
-        // Not the line's last reference, which this place holds: nothing of it is
-        // dropped under the map's lock.
-        entry.remove();
-        true
+        let mut line = self.line.state();
+        line.places -= 1;
+        line.holding -= usize::from(had_turn);
+        let waiting = line.places - line.holding;
+        let unclaimed = (waiting < line.handed.len()).then(|| line.handed.split_off(waiting));
+        let releases = if line.places == 0 {
+            line.releases.take()
+        } else {
+            None
+        };
+        drop(line);
+        drop((unclaimed, releases));
     }
 }
 
 impl<H> Drop for Place<H> {
     /// A place that goes before its turn leaves what was handed on for it to the
-    /// tasks still waiting, and drops the rest, which gives it back to the store.
+    /// tasks still waiting.
     fn drop(&mut self) {
-        if self.left {
-            return;
-        }
-        let mut line = self.line.state();
-        line.places -= 1;
-        let waiting = line.places - line.holding;
-        let kept = waiting.min(line.handed.len());
-        let unclaimed = line.handed.split_off(kept);
-        let last = line.places == 0;
-        drop(line);
-        drop(unclaimed);
-        // The last place takes the line away, unless a task joined meanwhile or the
-        // key has a new line already.
-        if last {
-            self.take_line_away_if(|line| line.places == 0);
-        }
+        self.leave(false);
     }
 }
 
@@ -260,23 +290,11 @@ impl<H> Turn<H> {
 }
 
 impl<H> Drop for Turn<H> {
-    /// The last turn in a line takes the line away, with no turns to give back to
-    /// anyone; any other gives its turns to the tasks behind it.
+    /// Gives this turn's share of the line's turns to the tasks behind it.
     fn drop(&mut self) {
         let place = &mut self.place;
-        let alone = |line: &mut LineState<H>| {
-            let alone = line.places == 1;
-            if alone {
-                (line.places, line.holding) = (0, 0);
-            }
-            alone
-        };
-        if place.line.state().places == 1 && place.take_line_away_if(alone) {
-            place.left = true;
-            return;
-        }
         place.line.turns.add_permits(place.weight as usize);
-        place.line.state().holding -= 1;
+        place.leave(true);
     }
 }
 
@@ -293,3 +311,58 @@ impl PartialEq for LineKey {
 }
 
 impl Eq for LineKey {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{MemoryStore, Signals, Store};
+
+    fn queues() -> Arc<Queues<()>> {
+        let signals = Arc::new(Signals::default());
+        let store = Store::Memory(MemoryStore::new(signals.clone()));
+        Queues::new(Backend::new(store, signals), "client".into())
+    }
+
+    fn name(key: &str) -> Arc<LockName> {
+        Arc::new(LockName::new(key).unwrap())
+    }
+
+    fn turn(queues: &Arc<Queues<()>>, key: &str, kind: Kind) -> Turn<()> {
+        let place = queues.join(&name(key), kind).unwrap();
+        place.try_turn().ok().expect("a line nobody else is in")
+    }
+
+    #[test]
+    fn idle_lines_are_swept_out_and_lines_in_use_kept() {
+        let queues = queues();
+        let held: Vec<_> = (0..10)
+            .map(|i| turn(&queues, &format!("held-{i}"), Kind::Exclusive))
+            .collect();
+        for i in 0..10 * LINES_KEPT_AT_LEAST {
+            drop(turn(&queues, &format!("once-{i}"), Kind::Exclusive));
+            assert!(queues.lines().by_key.len() <= LINES_KEPT_AT_LEAST);
+        }
+        for (i, turn) in held.iter().enumerate() {
+            let lines = queues.lines();
+            let line = &lines.by_key[&LineKey(name(&format!("held-{i}")))];
+            assert!(Arc::ptr_eq(line, &turn.place.line));
+        }
+        let waiting = queues.join(&name("held-0"), Kind::Exclusive).unwrap();
+        let waiting = waiting.try_turn().err().expect("the key's turn is held");
+        drop(held);
+        assert!(waiting.try_turn().is_ok());
+    }
+
+    #[test]
+    fn an_idle_line_gives_way_to_another_kind_and_one_in_use_does_not() {
+        let queues = queues();
+        drop(turn(&queues, "key", Kind::Exclusive));
+        let permits: Vec<_> = (0..3)
+            .map(|_| turn(&queues, "key", Kind::Permit(3)))
+            .collect();
+        let clash = queues.join(&name("key"), Kind::Exclusive).err();
+        assert_eq!(clash, Some(Kind::Permit(3)));
+        drop(permits);
+        drop(turn(&queues, "key", Kind::Exclusive));
+    }
+}
