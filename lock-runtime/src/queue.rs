@@ -3,9 +3,10 @@
 //! for a lock (for a semaphore, up to its permits; for shared holders, each one).
 //! A task whose turn it is listens for the holder's release, and keeps its turn
 //! while it holds the lock. A holder may leave what it holds (`H`) in the line for
-//! the next task instead of releasing it. A line nobody is in holds nothing: it
-//! stays for the next task that wants its key, until it is swept out with the other
-//! idle lines once they outnumber the lines in use.
+//! the next task instead of releasing it. A line nobody is in holds nothing (no
+//! subscription, nothing handed on) and stays for the next task that wants its
+//! key, until a sweep drops the idle lines: once the client has 1,024 lines, and
+//! twice as many as the last sweep kept.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
