@@ -258,7 +258,8 @@ impl LockInspector {
     pub async fn lock(&self, key: &str) -> Result<Option<LockState>, LockError> {
         let name = LockName::new(key)?;
         let mut connection = self.connection.clone();
-        let invocation = ScriptCall::new(&READ_LOCK, &[name.hash(), name.queue(), name.fence()]);
+        let (queue, fence) = (name.queue(), name.fence());
+        let invocation = ScriptCall::new(&READ_LOCK, &[name.hash(), &queue, &fence]);
         let read = bounded(
             self.config.command_timeout,
             invocation.invoke::<Read>(&mut connection),
@@ -576,9 +577,9 @@ mod tests {
             for companion in [
                 name.fence(),
                 name.queue(),
-                &format!("{}:synced", name.hash()),
+                format!("{}:synced", name.hash()),
             ] {
-                assert_eq!(key_of(companion), None, "{companion}");
+                assert_eq!(key_of(&companion), None, "{companion}");
             }
         }
         assert_eq!(key_of("lock:{}"), None);

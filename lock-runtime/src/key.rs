@@ -1,6 +1,7 @@
+use std::cell::RefCell;
 use std::fmt::{self, Display, Write};
 use std::ops::Deref;
-use std::sync::OnceLock;
+use std::sync::Arc;
 
 use crate::LockError;
 
@@ -99,27 +100,15 @@ impl fmt::Debug for LockKey {
 
 /// The Redis names of one lock. All of them carry the same `{...}` hash tag, so on a
 /// Cluster they live in one slot. Braces in the key are percent-encoded so that no key
-/// can move the tag.
+/// can move the tag. Cheap to clone: every part of the client that follows the lock
+/// shares the one allocation an acquire makes for its name.
 #[derive(Debug, Clone)]
 pub(crate) struct LockName {
-    /// The lock's own name, then the key as the caller gave it, in one allocation.
-    names: String,
+    /// The lock's own name, then the key as the caller gave it.
+    names: Arc<str>,
     /// Where the lock's name ends in `names`.
     hash_end: usize,
-    /// Built when first asked for: the everyday acquire and release name the lock
-    /// alone, while the queue, the fence and the channels serve the rarer ways.
-    companions: OnceLock<Companions>,
 }
-
-/// The names beside the lock's own, back to back in `SUFFIXES`' order.
-#[derive(Debug, Clone)]
-struct Companions {
-    names: String,
-    ends: [usize; 4],
-}
-
-/// The companions' suffixes, after the lock's own name.
-const SUFFIXES: [&str; 4] = [":fence", ":released", ":queue", ":granted:"];
 
 impl LockName {
     pub(crate) fn new(key: &str) -> Result<Self, LockError> {
@@ -128,34 +117,43 @@ impl LockName {
         } else if key.len() > MAX_KEY_LEN {
             "a key must be at most 64 KiB; derive a shorter key (an id or a hash) from the data"
         } else {
-            let mut names = String::with_capacity(2 * key.len() + 16);
-            names.push_str("lock:{");
-            let mut rest = key;
-            // Bytes, not chars: the three are ASCII, which no other character's UTF-8
-            // contains.
-            while let Some(at) = memchr::memchr3(b'%', b'{', b'}', rest.as_bytes()) {
-                names.push_str(&rest[..at]);
-                names.push_str(match rest.as_bytes()[at] {
-                    b'%' => "%25",
-                    b'{' => "%7B",
-                    _ => "%7D",
-                });
-                rest = &rest[at + 1..];
-            }
-            names.push_str(rest);
-            names.push('}');
-            let hash_end = names.len();
-            names.push_str(key);
-            return Ok(LockName {
-                names,
-                hash_end,
-                companions: OnceLock::new(),
-            });
+            return Ok(NAMES.with_borrow_mut(|names| Self::build(key, names)));
         };
         Err(LockError::InvalidKey {
             key: key.to_owned(),
             reason,
         })
+    }
+
+    /// Writes the names into `names`, a buffer the thread keeps, and copies them into
+    /// the one allocation they are shared from.
+    fn build(key: &str, names: &mut String) -> Self {
+        names.clear();
+        names.push_str("lock:{");
+        let mut rest = key;
+        // Bytes, not chars: the three are ASCII, which no other character's UTF-8
+        // contains.
+        while let Some(at) = memchr::memchr3(b'%', b'{', b'}', rest.as_bytes()) {
+            names.push_str(&rest[..at]);
+            names.push_str(match rest.as_bytes()[at] {
+                b'%' => "%25",
+                b'{' => "%7B",
+                _ => "%7D",
+            });
+            rest = &rest[at + 1..];
+        }
+        names.push_str(rest);
+        names.push('}');
+        let hash_end = names.len();
+        names.push_str(key);
+        let built = LockName {
+            names: Arc::from(names.as_str()),
+            hash_end,
+        };
+        if names.capacity() > KEPT_BUFFER {
+            *names = String::new();
+        }
+        built
     }
 
     /// The key as the caller gave it (`order:42`).
@@ -168,41 +166,43 @@ impl LockName {
         &self.names[..self.hash_end]
     }
 
-    fn companion(&self, n: usize) -> &str {
-        let companions = self.companions.get_or_init(|| {
-            let hash = self.hash();
-            let mut names = String::with_capacity(4 * hash.len() + 32);
-            let mut ends = [0; 4];
-            for (end, suffix) in ends.iter_mut().zip(SUFFIXES) {
-                names.push_str(hash);
-                names.push_str(suffix);
-                *end = names.len();
-            }
-            Companions { names, ends }
-        });
-        let start = n.checked_sub(1).map_or(0, |before| companions.ends[before]);
-        &companions.names[start..companions.ends[n]]
-    }
-
-    pub(crate) fn fence(&self) -> &str {
-        self.companion(0)
+    /// The name of the lock's counter of fencing tokens.
+    pub(crate) fn fence(&self) -> String {
+        self.companion(":fence")
     }
 
     /// Where releases are announced to every waiter (Redlock, memory).
-    pub(crate) fn channel(&self) -> &str {
-        self.companion(1)
+    pub(crate) fn channel(&self) -> String {
+        self.companion(":released")
     }
 
     /// The clients waiting for the lock, oldest first (one Redis, Sentinel, Cluster).
-    pub(crate) fn queue(&self) -> &str {
-        self.companion(2)
+    pub(crate) fn queue(&self) -> String {
+        self.companion(":queue")
     }
 
     /// Prefix of the channel on which each waiting client hears that it was passed
     /// the lock: the client's id follows.
-    pub(crate) fn grants(&self) -> &str {
-        self.companion(3)
+    pub(crate) fn grants(&self) -> String {
+        self.companion(":granted:")
     }
+
+    /// Built when asked for, by the rarer ways: the everyday acquire and release name
+    /// the lock alone.
+    fn companion(&self, suffix: &str) -> String {
+        let mut name = String::with_capacity(self.hash_end + suffix.len());
+        name.push_str(self.hash());
+        name.push_str(suffix);
+        name
+    }
+}
+
+/// The largest buffer a thread keeps for building names: a longer key's buffer goes
+/// once its names are built.
+const KEPT_BUFFER: usize = 4096;
+
+thread_local! {
+    static NAMES: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
 /// The Cluster hash slot of a Redis key: CRC16 (XMODEM) of its hash tag, the text
@@ -246,6 +246,21 @@ mod tests {
         }
         assert_eq!(&*LockKey::new("a:b"), "a:b");
         assert_eq!(&*LockKey::new("a").part("b"), "a:b");
+    }
+
+    #[test]
+    fn names_built_one_after_another_keep_their_own_key() {
+        let long = "k{".repeat(KEPT_BUFFER);
+        for key in [&long, "order:42", "é{x}%", "a"] {
+            let name = LockName::new(key).unwrap();
+            let escaped = key
+                .replace('%', "%25")
+                .replace('{', "%7B")
+                .replace('}', "%7D");
+            assert_eq!(name.hash(), format!("lock:{{{escaped}}}"));
+            assert_eq!(name.key(), key);
+            assert_eq!(name.queue(), format!("lock:{{{escaped}}}:queue"));
+        }
     }
 
     #[test]
@@ -373,8 +388,8 @@ mod tests {
                 let name = LockName::new(&key).unwrap();
                 let slot_of_lock = slot(name.hash());
                 let grant = format!("{}{}", name.grants(), "client-7");
-                for redis_name in [name.fence(), name.channel(), name.queue(), &grant] {
-                    prop_assert_eq!(slot(redis_name), slot_of_lock, "{}", redis_name);
+                for redis_name in [name.fence(), name.channel(), name.queue(), grant] {
+                    prop_assert_eq!(slot(&redis_name), slot_of_lock, "{}", redis_name);
                 }
             }
 

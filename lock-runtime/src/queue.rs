@@ -49,7 +49,7 @@ struct Lines<H> {
 
 /// A line's key, the lock's Redis name, shared with the places in it: joining a
 /// line copies no name.
-struct LineKey(Arc<LockName>);
+struct LineKey(LockName);
 
 struct Line<H> {
     /// How the line was first joined: a lock, shared, or a semaphore's permits.
@@ -74,7 +74,7 @@ struct LineState<H> {
 /// is dropped, the last place to go takes the line's subscription with it.
 pub(crate) struct Place<H> {
     queues: Arc<Queues<H>>,
-    name: Arc<LockName>,
+    name: LockName,
     line: Arc<Line<H>>,
     /// How many of the line's turns this place takes.
     weight: u32,
@@ -105,11 +105,7 @@ impl<H> Queues<H> {
     /// Takes a place at the back of `name`'s line, for a hold of `kind`. When the
     /// line is for a kind that never shares the key with it (a lock and a semaphore,
     /// or semaphores of two sizes), returns the line's kind instead.
-    pub(crate) fn join(
-        self: &Arc<Self>,
-        name: &Arc<LockName>,
-        kind: Kind,
-    ) -> Result<Place<H>, Kind> {
+    pub(crate) fn join(self: &Arc<Self>, name: &LockName, kind: Kind) -> Result<Place<H>, Kind> {
         let (capacity, weight) = match kind {
             Kind::Exclusive => (SHARED_AT_ONCE, SHARED_AT_ONCE),
             Kind::Shared => (SHARED_AT_ONCE, 1),
@@ -324,8 +320,8 @@ mod tests {
         Queues::new(Backend::new(store, signals), "client".into())
     }
 
-    fn name(key: &str) -> Arc<LockName> {
-        Arc::new(LockName::new(key).unwrap())
+    fn name(key: &str) -> LockName {
+        LockName::new(key).unwrap()
     }
 
     fn turn(queues: &Arc<Queues<()>>, key: &str, kind: Kind) -> Turn<()> {

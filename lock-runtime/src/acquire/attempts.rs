@@ -18,7 +18,7 @@ use crate::telemetry;
 /// the retries and the time budget.
 pub(super) async fn until_granted(
     acquirer: &Acquirer,
-    name: Arc<LockName>,
+    name: LockName,
     turn: ClientTurn,
     plan: &Plan,
     started: Instant,
@@ -120,7 +120,7 @@ pub(super) async fn until_granted(
 /// with it the lock if it was passed to this client meanwhile.
 struct QueuePlace {
     backend: Arc<Backend>,
-    name: Arc<LockName>,
+    name: LockName,
     token: Arc<str>,
     taken: bool,
 }

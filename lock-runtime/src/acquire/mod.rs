@@ -93,7 +93,7 @@ impl Acquirer {
         started: Instant,
         deadline: Instant,
     ) -> Result<LockGuard, LockError> {
-        let name = Arc::new(LockName::new(key)?);
+        let name = LockName::new(key)?;
         // The rarer ways in are boxed, so that their state does not weigh on every
         // acquire's future, which is moved as a whole on its way in.
         if let Some(level) = Level::innermost(self.id, name.hash()) {

@@ -98,7 +98,7 @@ impl MemoryStore {
             }
             return Attempt::Busy {
                 retry_in,
-                fence: fencing.then(|| fences.get(name.fence()).copied().unwrap_or(0)),
+                fence: fencing.then(|| fences.get(&name.fence()).copied().unwrap_or(0)),
             };
         }
         waiting.remove(token);
@@ -109,7 +109,7 @@ impl MemoryStore {
         holders.leases.insert(token.to_owned(), now + lease);
         Attempt::Granted {
             fence: fencing.then(|| {
-                let counter = fences.entry(name.fence().to_owned()).or_insert(0);
+                let counter = fences.entry(name.fence()).or_insert(0);
                 *counter += 1;
                 *counter
             }),
@@ -138,7 +138,7 @@ impl MemoryStore {
         }
         drop(state);
         if ours || writer_left {
-            self.signals.notify(name.channel());
+            self.signals.notify(&name.channel());
         }
         ours
     }
@@ -179,7 +179,7 @@ impl MemoryStore {
         let holders = self.state().locks.remove(name.hash());
         let was_held = holders.is_some_and(|holders| holders.leases.values().any(|&t| t > now));
         if was_held {
-            self.signals.notify(name.channel());
+            self.signals.notify(&name.channel());
         }
         was_held
     }

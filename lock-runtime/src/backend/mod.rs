@@ -55,7 +55,7 @@ pub(crate) enum Attempt {
 
 /// A lease to renew: the lock, the token that should hold it, and the lease to give.
 pub(crate) struct Renewing {
-    pub(crate) name: Arc<LockName>,
+    pub(crate) name: LockName,
     pub(crate) token: Arc<str>,
     pub(crate) lease: Duration,
 }
@@ -124,7 +124,7 @@ pub(crate) struct Backend {
 /// Release signals of one lock, listened for until this is dropped.
 pub(crate) struct Subscription {
     backend: Arc<Backend>,
-    name: Arc<LockName>,
+    name: LockName,
     channel: Arc<str>,
     releases: watch::Receiver<u64>,
 }
@@ -180,7 +180,7 @@ impl Backend {
     /// the token is withdrawn in the background.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
-        name: &Arc<LockName>,
+        name: &LockName,
         token: &Arc<str>,
         kind: Kind,
         lease: Duration,
@@ -248,7 +248,7 @@ impl Backend {
 
     /// Takes `token` out of the queue for `name` in the background, releasing the
     /// lock if it was passed to it meanwhile: for a waiter that gives up.
-    pub(crate) fn withdraw(self: &Arc<Self>, name: &Arc<LockName>, token: &Arc<str>) {
+    pub(crate) fn withdraw(self: &Arc<Self>, name: &LockName, token: &Arc<str>) {
         if let Ok(runtime) = Handle::try_current() {
             let claim = Claim {
                 backend: self.clone(),
@@ -292,7 +292,7 @@ impl Backend {
     pub(crate) fn release_finishing(
         self: &Arc<Self>,
         runtime: &Handle,
-        name: Arc<LockName>,
+        name: LockName,
         token: Arc<str>,
         keep: Option<Duration>,
         after: impl FnOnce(&Result<Released, LockError>) + Send + 'static,
@@ -337,7 +337,7 @@ impl Backend {
         if let Store::Redis(node) = &self.store {
             return node.renew_many(&renewals).await;
         }
-        let names: Vec<Arc<LockName>> = renewals
+        let names: Vec<LockName> = renewals
             .iter()
             .map(|renewing| renewing.name.clone())
             .collect();
@@ -351,7 +351,7 @@ impl Backend {
         while let Some(Ok((index, answer))) = renewing.join_next().await {
             answers[index] = Some(answer);
         }
-        renewal_answers(answers, names.iter().map(|name| &**name))
+        renewal_answers(answers, names.iter())
     }
 
     /// How long the lock on `name` has left, whoever holds it; `None` when free.
@@ -377,7 +377,7 @@ impl Backend {
     /// release.
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
-        name: &Arc<LockName>,
+        name: &LockName,
         client: &str,
     ) -> Result<Subscription, LockError> {
         let channel: Arc<str> = match self.queues() {
@@ -421,7 +421,7 @@ impl Backend {
 #[derive(Clone)]
 struct Claim {
     backend: Arc<Backend>,
-    name: Arc<LockName>,
+    name: LockName,
     token: Arc<str>,
     joined: bool,
 }

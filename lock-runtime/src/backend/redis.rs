@@ -234,7 +234,8 @@ impl RedisNode {
             Queue::Join(stay) => ("join", stay),
             Queue::Writers(stay) => ("writers", stay.unwrap_or_default()),
         };
-        let mut invocation = ScriptCall::new(&ACQUIRE, &[name.hash(), name.fence(), name.queue()]);
+        let (fence, queue) = (name.fence(), name.queue());
+        let mut invocation = ScriptCall::new(&ACQUIRE, &[name.hash(), &fence, &queue]);
         invocation
             .arg(token)
             .arg(lease_ms(lease))
@@ -337,7 +338,8 @@ impl RedisNode {
         token: &str,
         waiters: Waiters,
     ) -> Result<Released, LockError> {
-        let mut invocation = ScriptCall::new(&RELEASE, &[name.hash(), name.queue()]);
+        let queue = name.queue();
+        let mut invocation = ScriptCall::new(&RELEASE, &[name.hash(), &queue]);
         invocation.arg(token);
         self.telling(&mut invocation, name, waiters);
         let invocation = &invocation;
@@ -401,7 +403,8 @@ impl RedisNode {
         name: &LockName,
         waiters: Waiters,
     ) -> Result<bool, LockError> {
-        let mut invocation = ScriptCall::new(&FORCE_UNLOCK, &[name.hash(), name.queue()]);
+        let queue = name.queue();
+        let mut invocation = ScriptCall::new(&FORCE_UNLOCK, &[name.hash(), &queue]);
         self.telling(&mut invocation, name, waiters);
         let mut connection = self.connection.clone();
         let freed: u64 = self.run(name, invocation.invoke(&mut connection)).await?;
@@ -558,7 +561,7 @@ impl RedisNode {
                 });
             }
         }
-        let mut answers = renewal_answers(answers, renewals.iter().map(|renewing| &*renewing.name));
+        let mut answers = renewal_answers(answers, renewals.iter().map(|renewing| &renewing.name));
         let Some(replication) = &self.replication else {
             return answers;
         };
@@ -567,7 +570,7 @@ impl RedisNode {
             .collect();
         let confirming: Vec<(&LockName, &str)> = renewed
             .iter()
-            .map(|&i| (&*renewals[i].name, &*renewals[i].token))
+            .map(|&i| (&renewals[i].name, &*renewals[i].token))
             .collect();
         let confirmed = replication.confirm_all(&confirming).await;
         for (i, confirmed) in renewed.into_iter().zip(confirmed) {
@@ -591,7 +594,8 @@ impl RedisNode {
 
     /// Raises the lock's fencing counter to at least `floor`; returns the counter.
     pub(crate) async fn raise_fence(&self, name: &LockName, floor: u64) -> Result<u64, LockError> {
-        let mut invocation = ScriptCall::new(&RAISE_FENCE, &[name.fence()]);
+        let fence = name.fence();
+        let mut invocation = ScriptCall::new(&RAISE_FENCE, &[&fence]);
         invocation.arg(floor);
         let invocation = &invocation;
         self.idempotent(name, |mut connection| async move {

@@ -285,7 +285,7 @@ impl Redlock {
     pub(crate) async fn listen(&self, name: &LockName) -> Result<(), LockError> {
         let answers = self
             .on_every_node(name, "", |node, name, _| async move {
-                node.listen(&name, name.channel()).await
+                node.listen(&name, &name.channel()).await
             })
             .await;
         let mut errors = answers.into_iter().filter_map(Result::err);
@@ -298,7 +298,7 @@ impl Redlock {
     pub(crate) async fn unlisten(&self, name: &LockName) {
         let _ = self
             .on_every_node(name, "", |node, name, _| async move {
-                node.unlisten(&name, name.channel()).await;
+                node.unlisten(&name, &name.channel()).await;
                 Ok(())
             })
             .await;

@@ -19,7 +19,7 @@ use crate::telemetry;
 /// each one it is handed to, and the keeper renews it while any of them holds it.
 pub(crate) struct Acquisition {
     pub(super) holds: Arc<Holds>,
-    pub(super) name: Arc<LockName>,
+    pub(super) name: LockName,
     pub(super) token: Arc<str>,
     /// The fencing counter Redis issued with it.
     pub(super) counter: Option<u64>,

@@ -42,7 +42,7 @@ pub(crate) struct Holds {
 
 /// What Redis granted: the lock `name` under `token`, asked for at `sent_at`.
 pub(crate) struct Grant {
-    pub(crate) name: Arc<LockName>,
+    pub(crate) name: LockName,
     pub(crate) token: Arc<str>,
     /// The fencing counter Redis issued, when asked for.
     pub(crate) counter: Option<u64>,
