@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockGuard, LockOptions};
 use lock_tests::{RedisServer, TcpProxy};
 use tokio::time::Instant;
 
@@ -159,6 +159,96 @@ async fn an_acquire_whose_answer_was_lost_with_its_connection_holds_the_lock() {
         }
         next.release().await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_place_in_the_queue_was_answered_on_a_lost_connection_keeps_it() {
+    let (redis, proxy, client) = connected_through_a_proxy().await;
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let later = LockClient::connect(&redis.url()).await.unwrap();
+    let options = LockOptions::new()
+        .lease(Duration::from_secs(10))
+        .timeout(Duration::from_secs(10));
+    let held = holder.acquire("invoice", &options).await.unwrap();
+
+    proxy.stall_answers_after("join");
+    let first = waiting_for(&client, &options);
+    queued_once(&redis, 1).await;
+    let second = waiting_for(&later, &options);
+    queued_once(&redis, 2).await;
+    let listening = listening_connections(&redis);
+    assert_eq!(listening.len(), 2, "both waiters listen for their grants");
+    // Its place was taken; the answer goes with the connection.
+    proxy.cut();
+    proxy.resume();
+    // Sent again, the join keeps the place ahead of the later waiter. Once the
+    // client listens for its grants again, it is let in first.
+    let cut_at = Instant::now();
+    loop {
+        if first.is_finished() {
+            panic!("the first waiter gave up: {:?}", first.await.unwrap());
+        }
+        let now = listening_connections(&redis);
+        if now.len() == 2 && !listening.iter().all(|id| now.contains(id)) {
+            break;
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(5),
+            "never listened again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.unwrap();
+    let guard = first
+        .await
+        .unwrap()
+        .expect("the first waiter is let in after the lost answer");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!second.is_finished(), "the later waiter went first");
+    guard.release().await.unwrap();
+    second.await.unwrap().unwrap().release().await.unwrap();
+}
+
+/// `client` acquiring `invoice` in a task of its own.
+fn waiting_for(
+    client: &LockClient,
+    options: &LockOptions,
+) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
+    let (client, options) = (client.clone(), options.clone());
+    tokio::spawn(async move { client.acquire("invoice", &options).await })
+}
+
+/// Once `count` clients wait in the queue for `invoice`.
+async fn queued_once(redis: &RedisServer, count: u64) {
+    let asked = Instant::now();
+    loop {
+        let queued: u64 = redis::cmd("ZCARD")
+            .arg("lock:{invoice}:queue")
+            .query(&mut redis.connection())
+            .unwrap();
+        if queued == count {
+            return;
+        }
+        assert!(asked.elapsed() < Duration::from_secs(5), "{queued} queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The ids of the connections subscribed to a channel.
+fn listening_connections(redis: &RedisServer) -> Vec<u64> {
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut redis.connection())
+        .unwrap();
+    let field = |line: &str, name: &str| {
+        line.split(' ')
+            .find_map(|field| field.strip_prefix(name)?.parse::<u64>().ok())
+    };
+    clients
+        .lines()
+        .filter(|line| field(line, "sub=").is_some_and(|channels| channels > 0))
+        .filter_map(|line| field(line, "id="))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,8 @@ struct Flow {
     stalled: bool,
     /// Bytes from the server are held back until the proxy resumes.
     answers_stalled: bool,
+    /// Answers are stalled as soon as a request holding these bytes goes through.
+    stall_answers_after: Option<&'static [u8]>,
     /// How many times every open connection was cut; a connection made after the
     /// n-th cut survives until the next.
     cuts: u64,
@@ -33,10 +35,28 @@ impl TcpProxy {
         let (state, _) = watch::channel(Flow::default());
         let flows = state.clone();
         let accepting = relay(listener, target_port, move |to_server, to_client| {
-            tokio::spawn(pipe(to_server, flows.subscribe(), |flow| flow.stalled));
-            tokio::spawn(pipe(to_client, flows.subscribe(), |flow| {
-                flow.stalled || flow.answers_stalled
+            let requests = flows.clone();
+            let seen = move |request: &[u8]| {
+                requests.send_if_modified(|flow| {
+                    let Some(part) = flow.stall_answers_after else {
+                        return false;
+                    };
+                    let found = request.windows(part.len()).any(|window| window == part);
+                    if found {
+                        (flow.answers_stalled, flow.stall_answers_after) = (true, None);
+                    }
+                    found
+                });
+            };
+            tokio::spawn(pipe(to_server, flows.subscribe(), seen, |flow| {
+                flow.stalled
             }));
+            tokio::spawn(pipe(
+                to_client,
+                flows.subscribe(),
+                |_| {},
+                |flow| flow.stalled || flow.answers_stalled,
+            ));
         });
         TcpProxy {
             port,
@@ -62,9 +82,20 @@ impl TcpProxy {
         self.state.send_modify(|flow| flow.answers_stalled = true);
     }
 
-    pub fn resume(&self) {
+    /// Lets requests through until one holds `request_part`, then holds back every
+    /// answer, that request's first, as [`stall_answers`](Self::stall_answers) does.
+    pub fn stall_answers_after(&self, request_part: &'static str) {
         self.state
-            .send_modify(|flow| (flow.stalled, flow.answers_stalled) = (false, false));
+            .send_modify(|flow| flow.stall_answers_after = Some(request_part.as_bytes()));
+    }
+
+    pub fn resume(&self) {
+        self.state.send_modify(|flow| {
+            *flow = Flow {
+                cuts: flow.cuts,
+                ..Flow::default()
+            }
+        });
     }
 
     /// Closes every connection made so far.
@@ -104,9 +135,11 @@ pub(crate) fn relay(
     })
 }
 
+/// Forwards what `from` reads to `to`, showing each read to `seen` first.
 async fn pipe(
     (mut from, mut to): Direction,
     mut flow: watch::Receiver<Flow>,
+    seen: impl Fn(&[u8]),
     held_back: impl Fn(Flow) -> bool,
 ) {
     let born_after = flow.borrow_and_update().cuts;
@@ -123,6 +156,7 @@ async fn pipe(
             }
         };
         let Ok(n @ 1..) = read else { return };
+        seen(&buffer[..n]);
         loop {
             let state = *flow.borrow_and_update();
             if is_cut(state) {
