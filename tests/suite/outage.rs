@@ -252,6 +252,83 @@ fn listening_connections(redis: &RedisServer) -> Vec<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_gone_silent_is_replaced() {
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port()).await;
+    let bound = Duration::from_millis(300);
+    let config = ClientConfig::new().command_timeout(bound);
+    let client = LockClient::connect_with(&proxy.url(), config)
+        .await
+        .unwrap();
+    let options = LockOptions::new().spin(false);
+    client
+        .acquire("invoice", &options)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    proxy.silence();
+    let silenced = Instant::now();
+    let unanswered = client.acquire("invoice", &options).await;
+    assert!(
+        matches!(unanswered, Err(LockError::Backend { .. })),
+        "{unanswered:?}"
+    );
+    // Once a probe has gone unanswered for the bound too, calls take a new connection.
+    loop {
+        match client.acquire("invoice", &options).await {
+            Ok(guard) => break guard.release().await.unwrap(),
+            Err(LockError::Backend { .. }) if silenced.elapsed() < 10 * bound => {}
+            Err(error) => panic!("the client kept its silent connection: {error}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_answers_late_is_kept() {
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port()).await;
+    let bound = Duration::from_secs(1);
+    let config = ClientConfig::new().command_timeout(bound);
+    let client = LockClient::connect_with(&proxy.url(), config)
+        .await
+        .unwrap();
+    let options = LockOptions::new().spin(false);
+    client
+        .acquire("warm", &options)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let before = redis.connections_received();
+
+    proxy.stall_answers();
+    let acquiring = {
+        let (client, options) = (client.clone(), options.clone());
+        tokio::spawn(async move { client.acquire("invoice", &options).await })
+    };
+    // The acquire gives up on its request after the bound and sends a probe, which
+    // has the bound to be answered: the answers come halfway.
+    tokio::time::sleep(bound + bound / 2).await;
+    proxy.resume();
+    let _ = acquiring.await.unwrap();
+    tokio::time::sleep(bound).await;
+    client
+        .acquire("order", &options)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Less the connection that took this count.
+    let made = redis.connections_received() - before - 1;
+    assert_eq!(made, 0, "the client connected again {made} times");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_cut_off_together_make_one_new_connection() {
     let (redis, proxy, client) = connected_through_a_proxy().await;
     let options = LockOptions::new().lease(Duration::from_secs(10));

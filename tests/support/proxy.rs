@@ -23,6 +23,8 @@ struct Flow {
     /// How many times every open connection was cut; a connection made after the
     /// n-th cut survives until the next.
     cuts: u64,
+    /// How many times every open connection went silent, as `cuts` counts.
+    silences: u64,
 }
 
 impl TcpProxy {
@@ -91,16 +93,20 @@ impl TcpProxy {
 
     pub fn resume(&self) {
         self.state.send_modify(|flow| {
-            *flow = Flow {
-                cuts: flow.cuts,
-                ..Flow::default()
-            }
+            (flow.stalled, flow.answers_stalled, flow.stall_answers_after) = (false, false, None)
         });
     }
 
     /// Closes every connection made so far.
     pub fn cut(&self) {
         self.state.send_modify(|flow| flow.cuts += 1);
+    }
+
+    /// Lets nothing more through, either way, on any connection made so far, and
+    /// leaves them open: as a firewall that dropped the flows, or a peer gone without
+    /// a word. Connections made after it work.
+    pub fn silence(&self) {
+        self.state.send_modify(|flow| flow.silences += 1);
     }
 }
 
@@ -142,8 +148,9 @@ async fn pipe(
     seen: impl Fn(&[u8]),
     held_back: impl Fn(Flow) -> bool,
 ) {
-    let born_after = flow.borrow_and_update().cuts;
-    let is_cut = |state: Flow| state.cuts > born_after;
+    let born = *flow.borrow_and_update();
+    let is_cut = |state: Flow| state.cuts > born.cuts;
+    let is_silenced = |state: Flow| state.silences > born.silences;
     let mut buffer = vec![0; 16 * 1024];
     loop {
         let read = tokio::select! {
@@ -162,7 +169,7 @@ async fn pipe(
             if is_cut(state) {
                 return;
             }
-            if !held_back(state) {
+            if !held_back(state) && !is_silenced(state) {
                 break;
             }
             if flow.changed().await.is_err() {

@@ -17,12 +17,14 @@ use redis::{
     RedisResult, Script, ServerErrorKind, TlsMode, ToRedisArgs, Value,
 };
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
+use tokio::runtime::Handle;
 use tokio::time::Timeout;
 
 use super::signals::Signals;
@@ -133,7 +135,7 @@ impl Target {
                 return Ok(Connection::Cluster(client.get_async_connection().await?));
             }
         };
-        let own = Reconnecting::new(source, command_config(config));
+        let own = Reconnecting::new(source, command_config(config), config.command_timeout);
         own.current().await?;
         Ok(Connection::Own(own))
     }
@@ -189,6 +191,7 @@ impl Target {
             Target::Server { client, .. } => Ok(Connection::Own(Reconnecting::new(
                 Source::Server(Box::new(client.clone())),
                 command_config(config),
+                config.command_timeout,
             ))),
             Target::Cluster(_) | Target::Sentinel { .. } => Err(RedisError::from((
                 ErrorKind::InvalidClientConfig,
@@ -238,6 +241,7 @@ impl Target {
                 let connection = Reconnecting::new(
                     Source::Sentinel(Arc::new(tokio::sync::Mutex::new(sentinel))),
                     connection_config(config).set_push_sender(pushes),
+                    config.command_timeout,
                 );
                 connection.current().await?;
                 let following = Arc::downgrade(&connection.shared);
@@ -476,6 +480,10 @@ pub(crate) struct Reconnecting {
 struct ReconnectingShared {
     source: Source,
     config: AsyncConnectionConfig,
+    /// How long a connection has to answer a probe before it is forgotten.
+    limit: Duration,
+    /// Whether a probe is out to learn whether the connection still answers.
+    probing: AtomicBool,
     /// Read by every call, written only to connect again: a reader is never kept
     /// waiting by another, even one whose thread is preempted while it reads.
     slot: RwLock<Slot>,
@@ -506,11 +514,13 @@ enum Source {
 }
 
 impl Reconnecting {
-    fn new(source: Source, config: AsyncConnectionConfig) -> Reconnecting {
+    fn new(source: Source, config: AsyncConnectionConfig, limit: Duration) -> Reconnecting {
         Reconnecting {
             shared: Arc::new(ReconnectingShared {
                 source,
                 config,
+                limit,
+                probing: AtomicBool::new(false),
                 slot: RwLock::default(),
                 connecting: tokio::sync::Mutex::default(),
             }),
@@ -549,6 +559,14 @@ impl Reconnecting {
         Ok(made)
     }
 
+    fn awaiting(&self, number: u64) -> Awaiting<'_> {
+        Awaiting {
+            connection: self,
+            number,
+            answered: false,
+        }
+    }
+
     fn read_slot(&self) -> RwLockReadGuard<'_, Slot> {
         self.shared.slot.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -558,22 +576,91 @@ impl Reconnecting {
     }
 
     /// Forgets connection `number` if `answer` says it is gone (or its server
-    /// demoted), unless a newer one has taken its place.
+    /// demoted).
     fn check<T>(&self, answer: RedisResult<T>, number: u64) -> RedisResult<T> {
         if let Err(error) = &answer {
             let demoted = error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
             if demoted || error.is_io_error() || error.is_connection_dropped() {
-                let mut slot = self.write_slot();
-                if slot
-                    .current
-                    .as_ref()
-                    .is_some_and(|made| made.number == number)
-                {
-                    slot.current = None;
-                }
+                self.forget(number);
             }
         }
         answer
+    }
+
+    /// Forgets connection `number`, unless a newer one has taken its place.
+    fn forget(&self, number: u64) {
+        let mut slot = self.write_slot();
+        if slot
+            .current
+            .as_ref()
+            .is_some_and(|made| made.number == number)
+        {
+            slot.current = None;
+        }
+    }
+
+    /// A call on connection `number` was given up on before its answer came: by its
+    /// caller, or at its bound because the connection went silent (a peer gone
+    /// without a word, a firewall that dropped the flow). The connection has no
+    /// response timeout of its own that would tell, so a probe does, one at a time:
+    /// a connection that does not answer it within the bound is forgotten. It stays
+    /// open until it answers the probe, or fails: what was sent on it before may yet
+    /// run, as an extend sent to a paused Redis does, and should.
+    ///
+    /// The probe is `TIME`, which the README's ACL line allows, where `PING` would
+    /// leave denials in `ACL LOG`; any answer, even a refusal, says the connection is
+    /// alive.
+    fn given_up_on(&self, number: u64) {
+        let Some(Made { connection, .. }) = self
+            .read_slot()
+            .current
+            .clone()
+            .filter(|made| made.number == number)
+        else {
+            return;
+        };
+        let Ok(runtime) = Handle::try_current() else {
+            return;
+        };
+        if self.shared.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        runtime.spawn(async move {
+            let mut connection = connection;
+            let probe = redis::cmd("TIME");
+            let mut answer = pin!(probe.query_async::<Value>(&mut connection));
+            let answered = tokio::time::timeout(this.shared.limit, &mut answer).await;
+            let alive = match &answered {
+                Ok(Ok(_)) => true,
+                Ok(Err(error)) => error.code().is_some(),
+                Err(_unanswered) => false,
+            };
+            if !alive {
+                this.forget(number);
+            }
+            this.shared.probing.store(false, Ordering::Release);
+            drop(this);
+            if answered.is_err() {
+                let _ = answer.await;
+            }
+        });
+    }
+}
+
+/// A call's wait for its answer on connection `number`: dropped before the answer
+/// came, it has the connection checked.
+struct Awaiting<'a> {
+    connection: &'a Reconnecting,
+    number: u64,
+    answered: bool,
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.connection.given_up_on(self.number);
+        }
     }
 }
 
@@ -618,7 +705,9 @@ impl ConnectionLike for Reconnecting {
                 number,
                 mut connection,
             } = self.current().await?;
+            let mut awaiting = self.awaiting(number);
             let answer = connection.send_packed_command(cmd).await;
+            awaiting.answered = true;
             self.check(answer, number)
         })
     }
@@ -634,9 +723,11 @@ impl ConnectionLike for Reconnecting {
                 number,
                 mut connection,
             } = self.current().await?;
+            let mut awaiting = self.awaiting(number);
             let answer = connection
                 .send_packed_commands(pipeline, offset, count)
                 .await;
+            awaiting.answered = true;
             self.check(answer, number)
         })
     }
