@@ -83,7 +83,7 @@ async fn connecting_to_nothing_fails_in_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_cut_between_calls_costs_the_next_acquire_nothing() {
-    let (redis, proxy, client) = connected_through_a_proxy().await;
+    let (redis, proxy, client) = connected_through_a_proxy(ClientConfig::new()).await;
     let other = LockClient::connect(&redis.url()).await.unwrap();
     for (way, options) in plain_and_fenced() {
         // As a load balancer's idle timeout or a Redis restart does.
@@ -113,7 +113,7 @@ async fn a_connection_cut_between_calls_costs_the_next_acquire_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_whose_answer_was_lost_with_its_connection_holds_the_lock() {
-    let (redis, proxy, mut client) = connected_through_a_proxy().await;
+    let (redis, proxy, mut client) = connected_through_a_proxy(ClientConfig::new()).await;
     let operator = LockClient::connect(&redis.url()).await.unwrap();
     for (way, options) in plain_and_fenced() {
         let fail_fast = options.clone().spin(false);
@@ -163,7 +163,7 @@ async fn an_acquire_whose_answer_was_lost_with_its_connection_holds_the_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_place_in_the_queue_was_answered_on_a_lost_connection_keeps_it() {
-    let (redis, proxy, client) = connected_through_a_proxy().await;
+    let (redis, proxy, client) = connected_through_a_proxy(ClientConfig::new()).await;
     let holder = LockClient::connect(&redis.url()).await.unwrap();
     let later = LockClient::connect(&redis.url()).await.unwrap();
     let options = LockOptions::new()
@@ -253,21 +253,10 @@ fn listening_connections(redis: &RedisServer) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_gone_silent_is_replaced() {
-    let redis = RedisServer::start();
-    let proxy = TcpProxy::start(redis.port()).await;
     let bound = Duration::from_millis(300);
     let config = ClientConfig::new().command_timeout(bound);
-    let client = LockClient::connect_with(&proxy.url(), config)
-        .await
-        .unwrap();
+    let (_redis, proxy, client) = connected_through_a_proxy(config).await;
     let options = LockOptions::new().spin(false);
-    client
-        .acquire("invoice", &options)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
 
     proxy.silence();
     let silenced = Instant::now();
@@ -288,21 +277,10 @@ async fn a_connection_gone_silent_is_replaced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_answers_late_is_kept() {
-    let redis = RedisServer::start();
-    let proxy = TcpProxy::start(redis.port()).await;
     let bound = Duration::from_secs(1);
     let config = ClientConfig::new().command_timeout(bound);
-    let client = LockClient::connect_with(&proxy.url(), config)
-        .await
-        .unwrap();
+    let (redis, proxy, client) = connected_through_a_proxy(config).await;
     let options = LockOptions::new().spin(false);
-    client
-        .acquire("warm", &options)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
     let before = redis.connections_received();
 
     proxy.stall_answers();
@@ -330,7 +308,7 @@ async fn a_connection_that_answers_late_is_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_cut_off_together_make_one_new_connection() {
-    let (redis, proxy, client) = connected_through_a_proxy().await;
+    let (redis, proxy, client) = connected_through_a_proxy(ClientConfig::new()).await;
     let options = LockOptions::new().lease(Duration::from_secs(10));
     let before = redis.connections_received();
 
@@ -352,12 +330,14 @@ async fn requests_cut_off_together_make_one_new_connection() {
     assert_eq!(made, 1, "the client connected {made} times for one cut");
 }
 
-/// A server, a proxy in front of it, and a client through the proxy whose
-/// connection is up: it has taken and released a lock.
-async fn connected_through_a_proxy() -> (RedisServer, TcpProxy, LockClient) {
+/// A server, a proxy in front of it, and a client through the proxy, set up with
+/// `config`, whose connection is up: it has taken and released a lock.
+async fn connected_through_a_proxy(config: ClientConfig) -> (RedisServer, TcpProxy, LockClient) {
     let redis = RedisServer::start();
     let proxy = TcpProxy::start(redis.port()).await;
-    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let client = LockClient::connect_with(&proxy.url(), config)
+        .await
+        .unwrap();
     client
         .acquire("warm", &LockOptions::new())
         .await
