@@ -125,8 +125,8 @@ impl LockName {
         })
     }
 
-    /// Writes the names into `names`, a buffer the thread keeps, and copies them into
-    /// the one allocation they are shared from.
+    /// Writes the lock's name and the key into `names`, a buffer the thread keeps, and
+    /// copies them into the one allocation they are shared from.
     fn build(key: &str, names: &mut String) -> Self {
         names.clear();
         names.push_str("lock:{");
