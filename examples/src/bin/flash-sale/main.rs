@@ -6,8 +6,10 @@
 //! `flash-sale serve` only serves (several such processes can share one Redis).
 //! With `REDIS_URL` set, locks and stock live in that Redis; otherwise in memory.
 //! `STOCK_IN_MEMORY=1` keeps the stock in this process while the locks go to Redis,
-//! to show what the locks cost by themselves (one process only: a `serve` process
-//! refuses it). `STOCK`, `REQUESTS` and `CONCURRENCY` change the numbers.
+//! to show what the locks cost by themselves; `LOCAL_MUTEX=1` has the sales take
+//! turns on a mutex of this process instead of the lock, to show what a lock that
+//! cost nothing would give. Both work in one process only: a `serve` process
+//! refuses them. `STOCK`, `REQUESTS` and `CONCURRENCY` change the numbers.
 //! `GET /metrics` serves the lock metrics in Prometheus text.
 
 mod load;
@@ -19,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use lock_runtime::{LockClient, LockError};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use redis::AsyncCommands;
-use shop::{Shop, Stock};
+use shop::{Locking, Shop, Stock};
 
 const SKU: &str = "sku-1";
 
@@ -38,12 +40,18 @@ async fn main() -> Result<(), LockError> {
         .install_recorder()
         .expect("the only metrics recorder");
     let stock_in_memory = std::env::var_os("STOCK_IN_MEMORY").is_some();
-    if stock_in_memory && serve_only {
-        eprintln!(
-            "flash-sale: STOCK_IN_MEMORY keeps the stock in this process, which `serve` \
-             processes cannot share: run the sale without `serve`"
-        );
-        std::process::exit(2);
+    let local_mutex = std::env::var_os("LOCAL_MUTEX").is_some();
+    for (setting, set) in [
+        ("STOCK_IN_MEMORY", stock_in_memory),
+        ("LOCAL_MUTEX", local_mutex),
+    ] {
+        if set && serve_only {
+            eprintln!(
+                "flash-sale: {setting} works within this process, which `serve` \
+                 processes cannot share: run the sale without `serve`"
+            );
+            std::process::exit(2);
+        }
     }
     let shop = match std::env::var("REDIS_URL") {
         Ok(url) => {
@@ -70,6 +78,13 @@ async fn main() -> Result<(), LockError> {
             }
         }
     };
+    let locking = match local_mutex {
+        true => {
+            println!("locking: a mutex of this process (LOCAL_MUTEX), not the distributed lock");
+            Locking::LocalMutex
+        }
+        false => Locking::Distributed,
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");
@@ -79,7 +94,7 @@ async fn main() -> Result<(), LockError> {
         let interrupted = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        axum::serve(listener, shop::router(shop))
+        axum::serve(listener, shop::router(shop, locking))
             .with_graceful_shutdown(interrupted)
             .await
     });

@@ -20,6 +20,16 @@ pub(crate) struct Shop {
     pub(crate) metrics: PrometheusHandle,
 }
 
+/// What keeps two sales of an item apart.
+#[derive(Clone, Copy)]
+pub(crate) enum Locking {
+    /// `#[distributed_lock]`, as a service with several processes needs.
+    Distributed,
+    /// A mutex of this process: what a lock that cost nothing would give, to
+    /// compare with (one process only).
+    LocalMutex,
+}
+
 /// Where the stock lives. Reads and writes are separate steps on purpose: only the
 /// lock keeps two buyers from selling the same item.
 #[derive(Clone)]
@@ -56,9 +66,13 @@ fn stock_key(sku: &str) -> String {
     format!("flash-sale:stock:{sku}")
 }
 
-pub(crate) fn router(shop: Shop) -> Router {
+pub(crate) fn router(shop: Shop, locking: Locking) -> Router {
+    let purchase = match locking {
+        Locking::Distributed => post(purchase),
+        Locking::LocalMutex => post(purchase_under_local_mutex),
+    };
     Router::new()
-        .route("/purchase/{sku}", post(purchase))
+        .route("/purchase/{sku}", purchase)
         .route("/stock/{sku}", get(stock))
         .route("/metrics", get(metrics))
         .with_state(shop)
@@ -77,11 +91,24 @@ async fn purchase(
     State(shop): State<Shop>,
     Path(sku): Path<String>,
 ) -> Result<Response, ShopError> {
-    let left = shop.stock.read(&sku).await?;
+    sell(&shop.stock, &sku).await
+}
+
+async fn purchase_under_local_mutex(
+    State(shop): State<Shop>,
+    Path(sku): Path<String>,
+) -> Result<Response, ShopError> {
+    static ONE_SALE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_SALE_AT_A_TIME.lock().await;
+    sell(&shop.stock, &sku).await
+}
+
+async fn sell(stock: &Stock, sku: &str) -> Result<Response, ShopError> {
+    let left = stock.read(sku).await?;
     if left <= 0 {
         return Ok((StatusCode::CONFLICT, "sold out").into_response());
     }
-    shop.stock.write(&sku, left - 1).await?;
+    stock.write(sku, left - 1).await?;
     Ok((StatusCode::CREATED, Json(left - 1)).into_response())
 }
 
