@@ -40,8 +40,9 @@ usage: lock-bench [--out PATH] [--quick] [--rounds N] [--raw-retry-ms MS] [--onl
   --raw-retry-ms MS  the raw protocol's sleep between tries (default 10)
   --only SLUGS       run only these scenarios: uncontended-1, uncontended-64, hot-16,
                      hot-256, hot-1000, processes-4x64, keeping (10,000 and 50,000
-                     locks held by one client), demo (the flash sale in memory
-                     and over Redis)
+                     locks held by one client), demo (the flash sale in memory,
+                     over Redis, with only its locks in Redis, and with its stock
+                     in Redis under a local mutex: its serial limit)
   --peers IDS        run only these implementations: library, library-fixed (a fixed
                      10 s lease, no watchdog), raw, raw-careful (one connection, no
                      timeout, uuid tokens), rslock, rslock-fast, serial (no lock: the
