@@ -25,8 +25,8 @@ pub(crate) struct Shop {
 pub(crate) enum Locking {
     /// `#[distributed_lock]`, as a service with several processes needs.
     Distributed,
-    /// A mutex of this process: what a lock that cost nothing would give, to
-    /// compare with (one process only).
+    /// One mutex of this process for every item (the sale has one): what a lock
+    /// that cost nothing would give, to compare with (one process only).
     LocalMutex,
 }
 
