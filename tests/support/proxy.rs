@@ -91,9 +91,14 @@ impl TcpProxy {
             .send_modify(|flow| flow.stall_answers_after = Some(request_part.as_bytes()));
     }
 
+    /// Ends every stall; cut and silenced connections stay so.
     pub fn resume(&self) {
         self.state.send_modify(|flow| {
-            (flow.stalled, flow.answers_stalled, flow.stall_answers_after) = (false, false, None)
+            *flow = Flow {
+                cuts: flow.cuts,
+                silences: flow.silences,
+                ..Flow::default()
+            }
         });
     }
 
