@@ -51,6 +51,12 @@ impl CommandCounts {
             .map(|(name, count)| (name.as_str(), *count))
     }
 
+    /// The server's own compare-and-deletes: `DELIFEQ` (Valkey 9) and `DELEX` (Redis
+    /// 8.4).
+    pub fn native_compare_and_deletes(&self) -> u64 {
+        self.get("DELIFEQ") + self.get("DELEX")
+    }
+
     /// `EVALSHA` (and `EVALSHA_RO`) calls of the script whose SHA1 is `sha1`, as
     /// `redis::Script::get_hash` gives it.
     pub fn script(&self, sha1: &str) -> u64 {

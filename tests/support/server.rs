@@ -369,11 +369,18 @@ impl RedisServer {
     }
 
     /// Requests of the lock protocol the server ran: acquires (`SET`), releases
-    /// (`EVALSHA`, or `DELIFEQ` on Valkey 9) and renewals (`EVALSHA`). A script
-    /// that sets the key counts twice: a fenced acquire, and an acquire that joins
-    /// the queue behind a lock held alone (it marks the holder's token).
+    /// (`EVALSHA`, or `DELIFEQ` on Valkey 9 and `DELEX` on Redis 8.4) and renewals
+    /// (`EVALSHA`). A script that sets the key counts twice: a fenced acquire, and an
+    /// acquire that joins the queue behind a lock held alone (it marks the holder's
+    /// token).
     pub fn lock_calls(&self) -> u64 {
-        self.calls("set") + self.calls("evalsha") + self.calls("delifeq")
+        self.calls("set") + self.calls("evalsha") + self.native_compare_and_deletes()
+    }
+
+    /// How many times the server ran its own compare-and-delete: `DELIFEQ` (Valkey
+    /// 9) or `DELEX` (Redis 8.4).
+    pub fn native_compare_and_deletes(&self) -> u64 {
+        self.calls("delifeq") + self.calls("delex")
     }
 
     fn wait_until_ready(&mut self) -> Result<(), std::process::ExitStatus> {
