@@ -247,7 +247,7 @@ impl RedisServer {
         let child = match command.spawn() {
             Ok(child) => child,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
-                "{binary} is not on PATH ({SERVER_VARIABLE} names the server binary): run scripts/ensure-redis, which installs redis-server and valkey-server"
+                "{binary} is not on PATH ({SERVER_VARIABLE} names the server binary): run scripts/ensure-redis, which installs redis-server, valkey-server and redis-server-8"
             ),
             Err(error) => panic!("could not start {binary}: {error}"),
         };
