@@ -333,10 +333,10 @@ async fn bench(options: &Options) -> Report {
         true => replicas::replica_sync(&scenarios, options.raw_retry).await,
         false => String::new(),
     };
-    let valkey = match options.peers.contains(&PeerKind::LibraryFixed)
+    let newer_servers = match options.peers.contains(&PeerKind::LibraryFixed)
         && options.peers.contains(&PeerKind::RawCareful)
     {
-        true => servers::valkey_beside_redis(&scenarios, options.raw_retry).await,
+        true => servers::newer_servers_beside_redis(&scenarios, options.raw_retry).await,
         false => String::new(),
     };
     let keeping = options
@@ -361,7 +361,7 @@ async fn bench(options: &Options) -> Report {
     Report {
         results,
         replica_sync,
-        valkey,
+        newer_servers,
         keeping,
         demo,
         raw_retry: options.raw_retry,

@@ -23,8 +23,8 @@ pub(crate) struct Report {
     pub(crate) results: Vec<ScenarioResult>,
     /// The "Replica sync" section, written apart.
     pub(crate) replica_sync: String,
-    /// The "Valkey beside Redis" section, when it ran.
-    pub(crate) valkey: String,
+    /// The "Newer servers beside Redis 7" section, when it ran.
+    pub(crate) newer_servers: String,
     /// The "Keeping many locks" section, when it ran.
     pub(crate) keeping: String,
     /// The "Flash-sale demo" section, when it ran.
@@ -340,7 +340,7 @@ impl Report {
         self.write_shares(&mut out);
         self.write_targets(&mut out);
         out.push_str(&self.replica_sync);
-        out.push_str(&self.valkey);
+        out.push_str(&self.newer_servers);
         out.push_str(&self.keeping);
         out.push_str(&self.demo);
         self.write_method(&mut out);
