@@ -38,7 +38,9 @@ pub(crate) async fn newer_servers_beside_redis(
          its own, the servers started side by side and every round running them all \
          back to back: median sections per second, and ours over raw on each server. \
          On Valkey 9 and Redis 8 ours releases a lock held alone with the server's own \
-         compare-and-delete (`DELIFEQ`, `DELEX … IFEQ`); raw runs its script on each.\n\n",
+         compare-and-delete (`DELIFEQ`, `DELEX … IFEQ`); raw runs its script on each. \
+         Redis 8 is the build `scripts/ensure-redis` makes, with libc's malloc where \
+         packaged builds have jemalloc.\n\n",
     );
     let (present, missing): (Vec<_>, Vec<_>) = SERVERS.into_iter().partition(|(binary, _)| {
         std::process::Command::new(binary)

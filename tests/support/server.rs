@@ -370,7 +370,7 @@ impl RedisServer {
 
     /// Requests of the lock protocol the server ran: acquires (`SET`), releases
     /// (`EVALSHA`, or `DELIFEQ` on Valkey 9 and `DELEX` on Redis 8.4) and renewals
-    /// (`EVALSHA`). A script that sets the key counts twice: a fenced acquire, and an
+    /// (`EVALSHA`, or `SET … IFEQ` where the server has it). A script that sets the key counts twice: a fenced acquire, and an
     /// acquire that joins the queue behind a lock held alone (it marks the holder's
     /// token).
     pub fn lock_calls(&self) -> u64 {
