@@ -2,8 +2,8 @@
 //! lease and the careful raw protocol, on a redis-server (Debian's Redis 7), a
 //! valkey-server (Valkey 9) and a redis-server-8 (Redis 8.4 or newer) of their own,
 //! round by round in one run. The newer two have the native commands that Redis 7
-//! lacks: ours releases a lock held alone with `DELIFEQ` or `DELEX` and renews it
-//! with `SET … IFEQ`, where raw runs its script everywhere.
+//! lacks: ours releases a lock held alone with `DELIFEQ` or `DELEX` (and renews one
+//! with `SET … IFEQ`), where raw runs its compare-and-delete script everywhere.
 
 use std::fmt::Write;
 use std::time::Duration;
