@@ -38,8 +38,8 @@ pub(crate) fn attempted(attempts: u32) {
     let _ = attempts;
 }
 
-/// How an acquire started at `started` ended, on a store of `kind`.
-pub(crate) fn acquired<T>(outcome: &Result<T, LockError>, started: Instant, kind: &'static str) {
+/// How an acquire started at `started` ended, on the store `meters` label.
+pub(crate) fn acquired<T>(outcome: &Result<T, LockError>, started: Instant, meters: &Meters) {
     let outcome = match outcome {
         Ok(_) => "acquired",
         Err(LockError::Busy { .. }) => "busy",
@@ -57,17 +57,15 @@ pub(crate) fn acquired<T>(outcome: &Result<T, LockError>, started: Instant, kind
     }
     #[cfg(feature = "metrics")]
     {
-        let counter = match outcome {
-            "acquired" => "distributed_lock_acquired_total",
-            "busy" => "distributed_lock_busy_total",
-            "timeout" => "distributed_lock_timeouts_total",
-            _ => "distributed_lock_errors_total",
-        };
-        metrics::counter!(counter, "backend" => kind).increment(1);
-        metrics::histogram!("distributed_lock_wait_seconds", "backend" => kind)
-            .record(waited.as_secs_f64());
+        meters.count(match outcome {
+            "acquired" => Count::Acquired,
+            "busy" => Count::Busy,
+            "timeout" => Count::Timeouts,
+            _ => Count::Errors,
+        });
+        meters.record(Spread::Wait, waited);
     }
-    let _ = (outcome, started, kind);
+    let _ = (outcome, started, meters);
 }
 
 /// When a hold began: the clock is read only where something records it.
@@ -87,28 +85,27 @@ impl Since {
 }
 
 /// A hold that began at `since` ended: released, or handed on within the client.
-pub(crate) fn held(since: Since, handed_on: bool, kind: &'static str) {
+pub(crate) fn held(since: Since, handed_on: bool, meters: &Meters) {
     #[cfg(feature = "metrics")]
     {
-        metrics::histogram!("distributed_lock_hold_seconds", "backend" => kind)
-            .record(since.at.elapsed().as_secs_f64());
+        meters.record(Spread::Hold, since.at.elapsed());
         if handed_on {
-            metrics::counter!("distributed_lock_hand_offs_total", "backend" => kind).increment(1);
+            meters.count(Count::HandOffs);
         }
     }
-    let _ = (since, handed_on, kind);
+    let _ = (since, handed_on, meters);
 }
 
 /// The lease on `key` is known lost for good.
-pub(crate) fn lost(key: &str, kind: &'static str) {
+pub(crate) fn lost(key: &str, meters: &Meters) {
     #[cfg(feature = "tracing")]
     tracing::warn!(
         key,
         "lock lost: its lease was refused or ran out before the holder let go"
     );
     #[cfg(feature = "metrics")]
-    metrics::counter!("distributed_lock_lost_total", "backend" => kind).increment(1);
-    let _ = (key, kind);
+    meters.count(Count::Lost);
+    let _ = (key, meters);
 }
 
 /// The watchdog could not renew `key`'s lease; it tries again while the lease lasts.
@@ -140,3 +137,168 @@ pub(crate) fn eviction_possible(policy: &str) {
 /// Whether anything listens to [`eviction_possible`], so that the check is worth a
 /// round trip.
 pub(crate) const WARNS: bool = cfg!(feature = "tracing");
+
+/// A client's metrics, labelled with its kind of store. They are registered once,
+/// with the recorder in use when the client first records, so that a hold does not
+/// look each one up by name and labels, as the `metrics` macros do, on a path that
+/// is otherwise a few thousand instructions. Recorded under another recorder (one
+/// installed later, or one local to a thread), they are looked up each time.
+pub(crate) struct Meters {
+    kind: &'static str,
+    #[cfg(feature = "metrics")]
+    registered: std::sync::OnceLock<Registered>,
+}
+
+#[cfg(feature = "metrics")]
+#[derive(Clone, Copy)]
+enum Count {
+    Acquired,
+    Busy,
+    Timeouts,
+    Errors,
+    HandOffs,
+    Lost,
+}
+
+#[cfg(feature = "metrics")]
+#[derive(Clone, Copy)]
+enum Spread {
+    Wait,
+    Hold,
+}
+
+#[cfg(feature = "metrics")]
+struct Registered {
+    /// The address of the recorder they were registered with.
+    recorder: usize,
+    counts: [metrics::Counter; 6],
+    spreads: [metrics::Histogram; 2],
+}
+
+#[cfg(feature = "metrics")]
+impl Count {
+    const ALL: [Count; 6] = [
+        Count::Acquired,
+        Count::Busy,
+        Count::Timeouts,
+        Count::Errors,
+        Count::HandOffs,
+        Count::Lost,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Count::Acquired => "distributed_lock_acquired_total",
+            Count::Busy => "distributed_lock_busy_total",
+            Count::Timeouts => "distributed_lock_timeouts_total",
+            Count::Errors => "distributed_lock_errors_total",
+            Count::HandOffs => "distributed_lock_hand_offs_total",
+            Count::Lost => "distributed_lock_lost_total",
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Spread {
+    fn name(self) -> &'static str {
+        match self {
+            Spread::Wait => "distributed_lock_wait_seconds",
+            Spread::Hold => "distributed_lock_hold_seconds",
+        }
+    }
+}
+
+impl Meters {
+    pub(crate) fn new(kind: &'static str) -> Meters {
+        Meters {
+            kind,
+            #[cfg(feature = "metrics")]
+            registered: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn kind(&self) -> &'static str {
+        self.kind
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Meters {
+    fn count(&self, count: Count) {
+        match self.registered() {
+            Some(registered) => registered.counts[count as usize].increment(1),
+            None => metrics::counter!(count.name(), "backend" => self.kind).increment(1),
+        }
+    }
+
+    fn record(&self, spread: Spread, value: std::time::Duration) {
+        let value = value.as_secs_f64();
+        match self.registered() {
+            Some(registered) => registered.spreads[spread as usize].record(value),
+            None => metrics::histogram!(spread.name(), "backend" => self.kind).record(value),
+        }
+    }
+
+    /// The handles, if the recorder in use is the one they were registered with.
+    fn registered(&self) -> Option<&Registered> {
+        let recorder =
+            metrics::with_recorder(|recorder| std::ptr::from_ref(recorder).cast::<()>() as usize);
+        let kind = self.kind;
+        let registered = self.registered.get_or_init(|| Registered {
+            recorder,
+            counts: Count::ALL.map(|count| metrics::counter!(count.name(), "backend" => kind)),
+            spreads: [Spread::Wait, Spread::Hold]
+                .map(|spread| metrics::histogram!(spread.name(), "backend" => kind)),
+        });
+        (registered.recorder == recorder).then_some(registered)
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    use super::{Count, Meters};
+
+    /// Adds up the increments of every counter registered with it.
+    #[derive(Default)]
+    struct Tally(Arc<AtomicU64>);
+
+    impl Recorder for Tally {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(self.0.clone())
+        }
+
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn metrics_go_to_the_recorder_in_use_not_only_the_first() {
+        let meters = Meters::new("redis");
+        let (first, later) = (Tally::default(), Tally::default());
+        metrics::with_local_recorder(&first, || {
+            meters.count(Count::Acquired);
+            meters.count(Count::HandOffs);
+        });
+        metrics::with_local_recorder(&later, || meters.count(Count::Acquired));
+        meters.count(Count::Lost);
+        metrics::with_local_recorder(&first, || meters.count(Count::Acquired));
+        assert_eq!(first.0.load(Ordering::Relaxed), 3);
+        assert_eq!(later.0.load(Ordering::Relaxed), 1);
+    }
+}

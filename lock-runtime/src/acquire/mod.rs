@@ -80,7 +80,7 @@ impl Acquirer {
     ) -> Result<LockGuard, LockError> {
         let acquiring = async {
             let acquired = self.take(key, plan, started, deadline).await;
-            telemetry::acquired(&acquired, started, self.backend.kind());
+            telemetry::acquired(&acquired, started, self.backend.meters());
             acquired
         };
         telemetry::acquire_span(key, acquiring).await

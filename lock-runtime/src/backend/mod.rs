@@ -30,6 +30,7 @@ pub(crate) use self::signals::Signals;
 use crate::LockError;
 use crate::key::LockName;
 use crate::options::Kind;
+use crate::telemetry::Meters;
 
 /// What one acquire attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +120,7 @@ pub(crate) struct Backend {
     /// watcher counts, so the store ends up listening to exactly the watched channels.
     changes: Mutex<()>,
     background: Background,
+    meters: Meters,
 }
 
 /// Release signals of one lock, listened for until this is dropped.
@@ -132,20 +134,27 @@ pub(crate) struct Subscription {
 impl Backend {
     /// `signals` must be the ones the store's release notifications go to.
     pub(crate) fn new(store: Store, signals: Arc<Signals>) -> Arc<Backend> {
+        let kind = match &store {
+            Store::Redis(node) => node.kind(),
+            Store::Memory(_) => "memory",
+            Store::Redlock(_) => "redlock",
+        };
         Arc::new(Backend {
             store,
             signals,
             changes: Mutex::new(()),
             background: Background::default(),
+            meters: Meters::new(kind),
         })
     }
 
     pub(crate) fn kind(&self) -> &'static str {
-        match &self.store {
-            Store::Redis(node) => node.kind(),
-            Store::Memory(_) => "memory",
-            Store::Redlock(_) => "redlock",
-        }
+        self.meters.kind()
+    }
+
+    /// The client's metrics, labelled with this kind of store.
+    pub(crate) fn meters(&self) -> &Meters {
+        &self.meters
     }
 
     /// Whether a lock may pass from task to task of one client without a round

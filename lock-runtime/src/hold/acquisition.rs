@@ -160,7 +160,7 @@ impl Acquisition {
         drop(self.turn().take());
         self.lease.end(Instant::now());
         if !self.lost.swap(true, Ordering::Relaxed) {
-            telemetry::lost(self.name.key(), self.holds.backend.kind());
+            telemetry::lost(self.name.key(), self.holds.backend.meters());
         }
     }
 

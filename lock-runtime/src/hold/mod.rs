@@ -169,8 +169,11 @@ impl Hold {
         self.let_go.tell();
         let ending = self.acquisition.hand_on_or_release(now);
         let handed_on = matches!(ending, Ending::HandedOn);
-        let kind = self.acquisition.holds.backend.kind();
-        telemetry::held(self.since, handed_on, kind);
+        telemetry::held(
+            self.since,
+            handed_on,
+            self.acquisition.holds.backend.meters(),
+        );
         (was_held, ending)
     }
 }
