@@ -610,8 +610,9 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
              starts with on Redis 7 (told apart from its other scripts by SHA1), \
              so sections over those calls is the sections each Redis acquisition served, \
              and all but the first of them were handed on from task to task inside a \
-             client. The client's defaults allow at most {} hand-offs within {} ms of a \
-             Redis acquisition.\n\n\
+             client. The client's defaults allow at most {} hand-offs within {} ms while \
+             another client waits in Redis; halfway through, one `GET` tells the client \
+             whether one does, and if none does, the count and the clock start again.\n\n\
              | Scenario | Sections counted | Redis acquisitions (release-alone calls) | Sections per Redis acquisition | Hand-offs per Redis acquisition |\n\
              |---|--:|--:|--:|--:|",
             lock_runtime::DEFAULT_HAND_OFFS,
@@ -818,7 +819,8 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
             out,
             "- **{}**: lock-runtime with its default features (no `tracing`, no \
              `metrics`), `LockClient::connect` with the default `ClientConfig` (hand-off \
-             within a client: at most {} hand-offs within {} ms of a Redis acquisition), \
+             within a client: at most {} hand-offs within {} ms while another client waits \
+             in Redis, which one `GET` halfway tells), \
              then `acquire` and `release` with `LockOptions::new().timeout({} s)`: the \
              default watchdog lease and unbounded retries within the timeout. Its fixed \
              lease row takes `lease(10 s)` instead, with no watchdog.",

@@ -47,9 +47,9 @@ impl Default for ClientConfig {
     }
 }
 
-/// Hand-offs per Redis acquisition, unless set.
+/// Hand-offs in a row while another client waits, unless set.
 pub const DEFAULT_HAND_OFFS: u16 = 32;
-/// How long after its Redis acquisition a lock may still be handed on, unless set.
+/// How long a lock may be handed on while another client waits, unless set.
 pub const DEFAULT_HAND_OFF_WINDOW: Duration = Duration::from_millis(20);
 /// How long a grant or renewal waits for its replicas, unless set.
 pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
@@ -66,7 +66,9 @@ impl ClientConfig {
     /// when a holder lets go while another task of the client waits for the key,
     /// the waiter takes the lock over with no round trip, at most `most` times in a
     /// row and within `within` of the Redis acquisition; then the lock is released to
-    /// Redis, where other clients get their chance. `most = 0` turns hand-off off.
+    /// Redis, where other clients get their chance. Halfway through, the client asks
+    /// Redis in the background whether another client has queued for the lock; if
+    /// none has, the count and the clock start again. `most = 0` turns hand-off off.
     /// Never on Redlock.
     pub fn hand_off(mut self, most: u16, within: Duration) -> Self {
         self.hand_off = HandOff { most, within };

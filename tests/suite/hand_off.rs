@@ -3,6 +3,7 @@
 //! growing along the chain.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use lock_runtime::history::History;
@@ -78,16 +79,77 @@ async fn a_chain_of_hand_offs_asks_redis_nothing_and_tokens_keep_growing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hand_off_stops_at_its_bound_and_goes_back_to_redis() {
+async fn a_chain_past_its_bound_stays_in_the_client_while_no_other_client_waits() {
     let redis = RedisServer::start();
-    let client = client_with(&redis, 3, Duration::from_secs(10)).await;
-    let options = LockOptions::new();
+    let client = client_with(&redis, 4, Duration::from_secs(10)).await;
+    let options = LockOptions::new().fencing(true);
     let first = client.acquire("press", &options).await.unwrap();
-    let calls = redis.lock_calls();
-    queue_behind(&client, first, 10, &options).await;
-    // Eleven holds in chains of at most four: three acquisitions, the first one
-    // taken already, and three releases.
-    assert_eq!(redis.lock_calls() - calls, 2 + 3);
+    let first_token = first.fencing_token().unwrap();
+    let (calls, reads) = (redis.lock_calls(), redis.calls("get"));
+    let history = queue_behind(&client, first, 10, &options).await;
+    assert_eq!(history.check(), Ok(10));
+    assert_eq!(
+        redis.lock_calls() - calls,
+        1,
+        "ten hand-offs in chains of at most four, each found with nobody else waiting: \
+         no acquisition but the first, and one release"
+    );
+    // One check halfway through each chain of four, and a read in the release
+    // script where the server has no compare-and-delete of its own.
+    let checks = redis.calls("get") - reads;
+    assert!(
+        (1..=6).contains(&checks),
+        "{checks} checks for ten hand-offs"
+    );
+
+    let next = client.acquire("press", &options).await.unwrap();
+    assert!(next.fencing_token().unwrap() > first_token + 10);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_queued_in_redis_gets_the_lock_within_the_hand_off_bound() {
+    let redis = RedisServer::start();
+    let most = 4;
+    let holder = client_with(&redis, most, Duration::from_secs(10)).await;
+    let other = client_with(&redis, most, Duration::from_secs(10)).await;
+    let options = LockOptions::new();
+    let first = holder.acquire("press", &options).await.unwrap();
+    let sections = Arc::new(AtomicUsize::new(0));
+    let waiting = {
+        let (options, sections) = (options.clone(), sections.clone());
+        tokio::spawn(async move {
+            let guard = other.acquire("press", &options).await.unwrap();
+            let before = sections.load(Ordering::SeqCst);
+            guard.release().await.unwrap();
+            before
+        })
+    };
+    // In Redis's queue before the holder's chain starts.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut chain = Vec::new();
+    for _ in 0..12 {
+        let (holder, options, sections) = (holder.clone(), options.clone(), sections.clone());
+        let (started, started_rx) = tokio::sync::oneshot::channel();
+        chain.push(tokio::spawn(async move {
+            let _ = started.send(());
+            let guard = holder.acquire("press", &options).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            sections.fetch_add(1, Ordering::SeqCst);
+            guard.release().await.unwrap();
+        }));
+        started_rx.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.release().await.unwrap();
+    let before = waiting.await.unwrap();
+    for task in chain {
+        task.await.unwrap();
+    }
+    assert!(
+        before <= usize::from(most),
+        "{before} sections of the holder's chain ran while another client waited in Redis"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -363,6 +363,19 @@ impl Backend {
         renewal_answers(answers, names.iter())
     }
 
+    /// Whether `token` holds `name` with no other client waiting for it, where the
+    /// store queues waiting clients; elsewhere it cannot tell, and answers no.
+    pub(crate) async fn holds_alone(
+        &self,
+        name: &LockName,
+        token: &str,
+    ) -> Result<bool, LockError> {
+        match &self.store {
+            Store::Redis(node) => node.holds_alone(name, token).await,
+            Store::Memory(_) | Store::Redlock(_) => Ok(false),
+        }
+    }
+
     /// How long the lock on `name` has left, whoever holds it; `None` when free.
     pub(crate) async fn lease_left(&self, name: &LockName) -> Result<Option<Duration>, LockError> {
         match &self.store {

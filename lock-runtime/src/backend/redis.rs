@@ -383,6 +383,20 @@ impl RedisNode {
     }
 
     /// How long the lock has left, whoever holds it; `None` when it is free.
+    /// Whether `token` holds the lock with no other client queued for it: its value
+    /// is the token alone, as a waiter that joins the queue marks it.
+    pub(crate) async fn holds_alone(
+        &self,
+        name: &LockName,
+        token: &str,
+    ) -> Result<bool, LockError> {
+        let mut connection = self.connection.clone();
+        let mut get = redis::cmd("GET");
+        get.arg(name.hash());
+        let value: Option<String> = self.run(name, get.query_async(&mut connection)).await?;
+        Ok(value.as_deref() == Some(token))
+    }
+
     pub(crate) async fn lease_left(&self, name: &LockName) -> Result<Option<Duration>, LockError> {
         let mut connection = self.connection.clone();
         let mut pttl = redis::cmd("PTTL");

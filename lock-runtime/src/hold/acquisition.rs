@@ -42,11 +42,25 @@ pub(crate) struct Acquisition {
     turn: Mutex<Option<ClientTurn>>,
     /// How many times it was handed on.
     handed_on: AtomicU32,
+    window: Mutex<Window>,
     released: AtomicBool,
     lost: AtomicBool,
     /// Set when nothing ran under the lock, so a release frees it inside a
     /// `hold_at_least` window too.
     window_waived: AtomicBool,
+}
+
+/// The stretch of hand-offs that the client's bounds count: from the Redis
+/// acquisition, or from the last check that found no other client waiting for the
+/// lock, since such a check gives them the chance a release to Redis would.
+#[derive(Clone, Copy)]
+struct Window {
+    /// Hand-offs before it began.
+    from: u32,
+    since: Instant,
+    /// Whether it asked Redis already: it asks once, and starts again if no other
+    /// client waited.
+    asked: bool,
 }
 
 /// How a hold ended.
@@ -76,6 +90,11 @@ impl Acquisition {
             runtime: Handle::current(),
             turn: Mutex::new(Some(grant.turn)),
             handed_on: AtomicU32::new(0),
+            window: Mutex::new(Window {
+                from: 0,
+                since: grant.sent_at,
+                asked: false,
+            }),
             released: AtomicBool::new(false),
             lost: AtomicBool::new(false),
             window_waived: AtomicBool::new(false),
@@ -88,6 +107,10 @@ impl Acquisition {
 
     fn turn(&self) -> std::sync::MutexGuard<'_, Option<ClientTurn>> {
         self.turn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn window(&self) -> std::sync::MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The lease the watchdog renews it with, if it does.
@@ -268,7 +291,10 @@ impl Acquisition {
             if self.may_be_handed_on(handed_on, now) {
                 self.handed_on.store(handed_on + 1, Ordering::Relaxed);
                 match current.hand_on(self.clone()) {
-                    Ok(()) => return Ending::HandedOn,
+                    Ok(()) => {
+                        self.check_if_halfway(handed_on + 1, now);
+                        return Ending::HandedOn;
+                    }
                     Err((current, _)) => {
                         self.handed_on.store(handed_on, Ordering::Relaxed);
                         turn = Some(current);
@@ -279,6 +305,42 @@ impl Acquisition {
             }
         }
         Ending::Releasing(self.release(turn, now))
+    }
+
+    /// Halfway through its window, by hand-offs or by time, asks Redis in the
+    /// background whether any other client waits for the lock; if none does, the
+    /// window starts again from here, and the lock stays with this client's tasks
+    /// with no round trip on their way. Where the store keeps no queue, the window
+    /// only ends.
+    fn check_if_halfway(self: &Arc<Self>, handed_on: u32, now: Instant) {
+        let HandOff { most, within } = self.holds.hand_off;
+        let backend = &self.holds.backend;
+        let mut window = self.window();
+        let halfway = handed_on - window.from >= u32::from(most) / 2
+            || now.saturating_duration_since(window.since) >= within / 2;
+        if window.asked || !halfway || !backend.queues() || self.kind != Kind::Exclusive {
+            return;
+        }
+        window.asked = true;
+        drop(window);
+        let (acquisition, backend) = (Arc::downgrade(self), backend.clone());
+        let (name, token) = (self.name.clone(), self.token.clone());
+        let checking = async move {
+            let alone = backend.holds_alone(&name, &token).await;
+            if let Some(acquisition) = acquisition.upgrade()
+                && alone.unwrap_or(false)
+            {
+                *acquisition.window() = Window {
+                    from: handed_on,
+                    since: now,
+                    asked: false,
+                };
+            }
+        };
+        self.holds
+            .backend
+            .background()
+            .spawn_on(&self.runtime, checking);
     }
 
     /// Stops renewing, then frees the lock in Redis (or, within a `hold_at_least`
@@ -327,10 +389,12 @@ impl Acquisition {
     /// cannot give them.
     fn may_be_handed_on(&self, handed_on: u32, now: Instant) -> bool {
         let HandOff { most, within } = self.holds.hand_off;
+        let window = *self.window();
         self.holds.backend.hands_off()
             && self.kind != Kind::Shared
-            && handed_on < u32::from(most)
-            && now.saturating_duration_since(self.acquired_at) < within
+            && handed_on - window.from < u32::from(most)
+            && now.saturating_duration_since(window.since) < within
+            && handed_on < MOST_HAND_OFFS
             && self.hold_until.is_none()
             && self.lease.is_valid_at(now)
     }
@@ -338,6 +402,8 @@ impl Acquisition {
 
 /// Bits of a fencing token that number the hand-offs of one acquisition.
 pub(super) const HAND_OFF_BITS: u32 = 16;
+/// Hand-offs of one acquisition, at most, for its fencing tokens to keep growing.
+const MOST_HAND_OFFS: u32 = (1 << HAND_OFF_BITS) - 1;
 
 impl Drop for Acquisition {
     /// Left in the line with nobody to take it: released in the background.
