@@ -38,7 +38,7 @@ pub(crate) fn attempted(attempts: u32) {
     let _ = attempts;
 }
 
-/// How an acquire started at `started` ended, on the store `meters` label.
+/// How an acquire started at `started` ended, counted in the client's `meters`.
 pub(crate) fn acquired<T>(outcome: &Result<T, LockError>, started: Instant, meters: &Meters) {
     let outcome = match outcome {
         Ok(_) => "acquired",

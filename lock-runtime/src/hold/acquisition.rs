@@ -323,8 +323,8 @@ impl Acquisition {
         }
         window.asked = true;
         drop(window);
-        let (acquisition, backend) = (Arc::downgrade(self), backend.clone());
-        let (name, token) = (self.name.clone(), self.token.clone());
+        let (acquisition, background) = (Arc::downgrade(self), backend.background());
+        let (backend, name, token) = (backend.clone(), self.name.clone(), self.token.clone());
         let checking = async move {
             let alone = backend.holds_alone(&name, &token).await;
             if let Some(acquisition) = acquisition.upgrade()
@@ -337,10 +337,7 @@ impl Acquisition {
                 };
             }
         };
-        self.holds
-            .backend
-            .background()
-            .spawn_on(&self.runtime, checking);
+        background.spawn_on(&self.runtime, checking);
     }
 
     /// Stops renewing, then frees the lock in Redis (or, within a `hold_at_least`
