@@ -68,8 +68,8 @@ impl ClientConfig {
     /// row and within `within` of the Redis acquisition; then the lock is released to
     /// Redis, where other clients get their chance. Halfway through, the client asks
     /// Redis in the background whether another client has queued for the lock; if
-    /// none has, the count and the clock start again. `most = 0` turns hand-off off.
-    /// Never on Redlock.
+    /// none has, the count and the clock start again from there. `most = 0` turns
+    /// hand-off off. Never on Redlock.
     pub fn hand_off(mut self, most: u16, within: Duration) -> Self {
         self.hand_off = HandOff { most, within };
         self
