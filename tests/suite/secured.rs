@@ -4,6 +4,7 @@
 //! or `ConnectionManager`. On each, two clients exclude each other and a release
 //! wakes the other client's waiter at once.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -342,6 +343,90 @@ async fn an_acl_user_missing_a_command_fails_at_connect() {
         message.contains("no permissions") && message.contains("script|load"),
         "the error does not name the missing permission: {message}"
     );
+}
+
+/// A waiter whose `SUBSCRIBE` is refused polls, and still queues in Redis: a key
+/// another client keeps handing on between its own tasks comes to it within the
+/// hand-off bound and a poll, not after the chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_cannot_subscribe_still_gets_a_key_handed_on_in_another_client() {
+    let redis = RedisServer::start_with_password("admin-pass", &[]);
+    let deaf = LockClient::connect(&add_lock_user(&redis, "-subscribe -ssubscribe"))
+        .await
+        .unwrap();
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let chain_runs = Arc::new(AtomicBool::new(true));
+    let chain: Vec<_> = (0..4)
+        .map(|_| {
+            let (holder, chain_runs) = (holder.clone(), chain_runs.clone());
+            tokio::spawn(async move {
+                while chain_runs.load(Ordering::SeqCst) {
+                    let guard = holder.acquire("press", &LockOptions::new()).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = Instant::now();
+    let patient = LockOptions::new().timeout(Duration::from_secs(10));
+    let taken = deaf.acquire("press", &patient).await;
+    let waited = asked.elapsed();
+    chain_runs.store(false, Ordering::SeqCst);
+    taken
+        .expect("the waiter that polls gets the key")
+        .release()
+        .await
+        .unwrap();
+    for task in chain {
+        task.await.unwrap();
+    }
+    assert!(
+        waited < Duration::from_secs(2),
+        "the waiter that polls waited {waited:?} for a key handed on in another client"
+    );
+}
+
+/// A waiter that polls from Redis's queue asks more often than `retry_wait`, yet
+/// gives up within its budget (`retries` x `retry_wait`) and leaves its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_cannot_subscribe_gives_up_in_its_budget_and_leaves_the_queue() {
+    let redis = RedisServer::start_with_password("admin-pass", &[]);
+    let deaf = LockClient::connect(&add_lock_user(&redis, "-subscribe -ssubscribe"))
+        .await
+        .unwrap();
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let guard = holder.acquire("press", &LockOptions::new()).await.unwrap();
+    let asked = Instant::now();
+    let brief = LockOptions::new()
+        .retries(2)
+        .retry_wait(Duration::from_millis(300));
+    let refused = deaf.acquire("press", &brief).await;
+    let waited = asked.elapsed();
+    assert!(
+        matches!(refused, Err(LockError::Timeout { .. })),
+        "{refused:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(600) && waited < Duration::from_secs(3),
+        "2 retries of 300 ms took {waited:?}"
+    );
+    let queued = || -> u64 {
+        redis::cmd("ZCARD")
+            .arg("lock:{press}:queue")
+            .query(&mut redis.connection())
+            .unwrap()
+    };
+    let started = Instant::now();
+    while queued() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the waiter that gave up kept its place in the queue"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    guard.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,3 +1,4 @@
+use std::mem;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +27,8 @@ pub(super) async fn until_granted(
 ) -> Result<Grant, LockError> {
     let backend = &acquirer.backend;
     let mut releases = turn.subscribed();
+    // Set once subscribing has been refused: from then on this waiter polls.
+    let mut polls = false;
     let mut place: Option<QueuePlace> = None;
     let mut retries_left = plan.retries;
     let mut attempts = 0;
@@ -37,10 +40,11 @@ pub(super) async fn until_granted(
             Some(place) => place.token.clone(),
             None => acquirer.tokens.next(plan.kind),
         };
-        // Only a client that hears when the lock is passed to it may queue for it.
-        // Where nobody is passed the lock, only writers are kept, to hold off readers.
+        // Only a client that hears when the lock is passed to it, or asks again
+        // within the claim window, may queue for it. Where nobody is passed the lock,
+        // only writers are kept, to hold off readers.
         let keeps_place = backend.queues() || plan.kind == Kind::Exclusive;
-        let join = (plan.spin && keeps_place && releases.is_some())
+        let join = (plan.spin && keeps_place && (releases.is_some() || polls))
             .then(|| deadline.saturating_duration_since(Instant::now()) + CLAIM_WINDOW);
         let sent_at = Instant::now();
         attempts += 1;
@@ -97,19 +101,32 @@ pub(super) async fn until_granted(
         }
         if releases.is_none() {
             releases = turn.releases().await;
-            if releases.is_some() && backend.queues() {
-                // Listening now, so no pass can go unheard: ask again, joining the queue.
+            // Listening now, or polling from now on within the claim window: either
+            // way no pass goes unclaimed, so ask again, joining the queue.
+            let joins_now = releases.is_some() || !mem::replace(&mut polls, true);
+            if joins_now && backend.queues() {
                 continue;
             }
         }
-        let mut pause = plan.retry_wait;
+        // A waiter that polls from the queue asks again within the claim window, which
+        // may be more often than `retry_wait`.
+        let claims_in_time = CLAIM_WINDOW / 2;
+        let polls_from_queue = releases.is_none()
+            && place.is_some()
+            && backend.queues()
+            && plan.retry_wait > claims_in_time;
+        let mut pause = match polls_from_queue {
+            true => claims_in_time,
+            false => plan.retry_wait,
+        };
         if let Some(retry_in) = retry_in {
             pause = pause.min(retry_in);
         }
         pause = pause.min(deadline.saturating_duration_since(Instant::now()));
-        // Waking to a signal and finding the lock busy does not use up a retry; the
-        // deadline still bounds such waking.
-        if !wait_for_release(releases.as_mut(), pause).await {
+        // Waking to a signal and finding the lock busy, or polling sooner than
+        // `retry_wait` from the queue, does not use up a retry; the deadline still
+        // bounds such waking.
+        if !wait_for_release(releases.as_mut(), pause).await && !polls_from_queue {
             retries_left = retries_left.map(|left| left - 1);
         }
     }
