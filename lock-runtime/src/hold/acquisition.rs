@@ -315,10 +315,13 @@ impl Acquisition {
     fn check_if_halfway(self: &Arc<Self>, handed_on: u32, now: Instant) {
         let HandOff { most, within } = self.holds.hand_off;
         let backend = &self.holds.backend;
+        if !backend.queues() || self.kind != Kind::Exclusive {
+            return;
+        }
         let mut window = self.window();
         let halfway = handed_on - window.from >= u32::from(most) / 2
             || now.saturating_duration_since(window.since) >= within / 2;
-        if window.asked || !halfway || !backend.queues() || self.kind != Kind::Exclusive {
+        if window.asked || !halfway {
             return;
         }
         window.asked = true;
