@@ -118,6 +118,21 @@ impl Measured {
         median(&values)
     }
 
+    /// Its client CPU, Redis CPU, client thread switches and client allocations per
+    /// section, as table cells.
+    fn cost_cells(&self) -> String {
+        let (client_cpu, redis_cpu) = self.cpu_per_section();
+        let na = || "n/a".to_owned();
+        let count = |n: f64| format!("{n:.1}");
+        format!(
+            "{} | {} | {} | {}",
+            client_cpu.map_or_else(na, micros),
+            redis_cpu.map_or_else(na, micros),
+            self.switches_per_section().map_or_else(na, count),
+            self.allocations_per_section().map_or_else(na, count),
+        )
+    }
+
     /// The median over the rounds of the client's heap allocations per section.
     fn allocations_per_section(&self) -> Option<f64> {
         let values: Vec<f64> = self
@@ -647,6 +662,7 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
             "\nThe flash-sale demo's goal is under its own heading below.\n"
         );
         self.write_everyday_pair(out);
+        self.write_hot_key_sections(out);
         self.write_counters_check(out);
     }
 
@@ -734,27 +750,49 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
                 continue;
             };
             for measured in result.peers.iter().filter(|measured| measured.ran()) {
-                let (client_cpu, redis_cpu) = measured.cpu_per_section();
                 let na = || "n/a".to_owned();
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} |",
                     result.scenario.name,
                     self.label(measured.kind),
                     measured.waits().map_or_else(na, |w| micros(w.p50)),
                     measured.release_p50().map_or_else(na, micros),
-                    client_cpu.map_or_else(na, micros),
-                    redis_cpu.map_or_else(na, micros),
-                    measured
-                        .switches_per_section()
-                        .map_or_else(na, |n| format!("{n:.1}")),
-                    measured
-                        .allocations_per_section()
-                        .map_or_else(na, |n| format!("{n:.1}")),
+                    measured.cost_cells(),
                     measured
                         .counted()
                         .and_then(Counted::server_time_per_section)
                         .map_or_else(na, micros),
+                );
+            }
+        }
+        let _ = writeln!(out);
+    }
+
+    /// What a section on the hot key costs each implementation, beside the section
+    /// alone.
+    fn write_hot_key_sections(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "### The hot key, broken down\n\n\
+             Per section on the hot key in one process, medians of the timed rounds, \
+             measured as for the pair above. The serial limit is the section alone (its \
+             GET and SET, two round trips) run by one task with no lock, so what a lock \
+             adds to a section is its difference from that row.\n\n\
+             | Scenario | Implementation | Client CPU | Redis CPU | Thread switches | Allocations |\n\
+             |---|---|--:|--:|--:|--:|"
+        );
+        for slug in ["hot-16", "hot-256", "hot-1000"] {
+            let Some(result) = self.result(slug) else {
+                continue;
+            };
+            for measured in result.peers.iter().filter(|measured| measured.ran()) {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} |",
+                    result.scenario.name,
+                    self.label(measured.kind),
+                    measured.cost_cells(),
                 );
             }
         }
