@@ -345,16 +345,22 @@ async fn an_acl_user_missing_a_command_fails_at_connect() {
     );
 }
 
+/// A client whose ACL user may not subscribe, and one of the default user.
+async fn deaf_and_holder(redis: &RedisServer) -> (LockClient, LockClient) {
+    let deaf = LockClient::connect(&add_lock_user(redis, "-subscribe -ssubscribe"))
+        .await
+        .unwrap();
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    (deaf, holder)
+}
+
 /// A waiter whose `SUBSCRIBE` is refused polls, and still queues in Redis: a key
 /// another client keeps handing on between its own tasks comes to it within the
 /// hand-off bound and a poll, not after the chain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_cannot_subscribe_still_gets_a_key_handed_on_in_another_client() {
     let redis = RedisServer::start_with_password("admin-pass", &[]);
-    let deaf = LockClient::connect(&add_lock_user(&redis, "-subscribe -ssubscribe"))
-        .await
-        .unwrap();
-    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let (deaf, holder) = deaf_and_holder(&redis).await;
     let chain_runs = Arc::new(AtomicBool::new(true));
     let chain: Vec<_> = (0..4)
         .map(|_| {
@@ -393,10 +399,7 @@ async fn a_waiter_that_cannot_subscribe_still_gets_a_key_handed_on_in_another_cl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_cannot_subscribe_gives_up_in_its_budget_and_leaves_the_queue() {
     let redis = RedisServer::start_with_password("admin-pass", &[]);
-    let deaf = LockClient::connect(&add_lock_user(&redis, "-subscribe -ssubscribe"))
-        .await
-        .unwrap();
-    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let (deaf, holder) = deaf_and_holder(&redis).await;
     let guard = holder.acquire("press", &LockOptions::new()).await.unwrap();
     let asked = Instant::now();
     let brief = LockOptions::new()
