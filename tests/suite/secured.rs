@@ -395,17 +395,39 @@ async fn a_waiter_that_cannot_subscribe_still_gets_a_key_handed_on_in_another_cl
 }
 
 /// A waiter that polls from Redis's queue asks more often than `retry_wait`, yet
-/// gives up within its budget (`retries` x `retry_wait`) and leaves its place.
+/// gives up within its budget (`retries` x `retry_wait`) and leaves its place, which
+/// a subscribed waiter behind it keeps alive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_cannot_subscribe_gives_up_in_its_budget_and_leaves_the_queue() {
     let redis = RedisServer::start_with_password("admin-pass", &[]);
     let (deaf, holder) = deaf_and_holder(&redis).await;
+    let listening = LockClient::connect(&redis.url()).await.unwrap();
+    let queued = || -> u64 {
+        redis::cmd("ZCARD")
+            .arg("lock:{press}:queue")
+            .query(&mut redis.connection())
+            .unwrap()
+    };
+    let until_queued = async |count: u64, what: &str| {
+        let started = Instant::now();
+        while queued() != count {
+            assert!(started.elapsed() < Duration::from_secs(5), "{what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
     let guard = holder.acquire("press", &LockOptions::new()).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let patient = LockOptions::new().timeout(Duration::from_secs(20));
+        listening.acquire("press", &patient).await
+    });
+    until_queued(1, "the subscribed waiter never queued").await;
     let asked = Instant::now();
     let brief = LockOptions::new()
         .retries(2)
         .retry_wait(Duration::from_millis(300));
-    let refused = deaf.acquire("press", &brief).await;
+    let polling = tokio::spawn(async move { deaf.acquire("press", &brief).await });
+    until_queued(2, "the waiter that polls never queued").await;
+    let refused = polling.await.unwrap();
     let waited = asked.elapsed();
     assert!(
         matches!(refused, Err(LockError::Timeout { .. })),
@@ -415,21 +437,9 @@ async fn a_waiter_that_cannot_subscribe_gives_up_in_its_budget_and_leaves_the_qu
         waited >= Duration::from_millis(600) && waited < Duration::from_secs(3),
         "2 retries of 300 ms took {waited:?}"
     );
-    let queued = || -> u64 {
-        redis::cmd("ZCARD")
-            .arg("lock:{press}:queue")
-            .query(&mut redis.connection())
-            .unwrap()
-    };
-    let started = Instant::now();
-    while queued() > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the waiter that gave up kept its place in the queue"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_queued(1, "the waiter that gave up kept its place in the queue").await;
     guard.release().await.unwrap();
+    waiting.await.unwrap().unwrap().release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
