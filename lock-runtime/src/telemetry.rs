@@ -171,8 +171,8 @@ enum Spread {
 struct Registered {
     /// The address of the recorder they were registered with.
     recorder: usize,
-    counts: [metrics::Counter; 6],
-    spreads: [metrics::Histogram; 2],
+    counts: [metrics::Counter; Count::ALL.len()],
+    spreads: [metrics::Histogram; Spread::ALL.len()],
 }
 
 #[cfg(feature = "metrics")]
@@ -200,6 +200,8 @@ impl Count {
 
 #[cfg(feature = "metrics")]
 impl Spread {
+    const ALL: [Spread; 2] = [Spread::Wait, Spread::Hold];
+
     fn name(self) -> &'static str {
         match self {
             Spread::Wait => "distributed_lock_wait_seconds",
@@ -247,7 +249,7 @@ impl Meters {
         let registered = self.registered.get_or_init(|| Registered {
             recorder,
             counts: Count::ALL.map(|count| metrics::counter!(count.name(), "backend" => kind)),
-            spreads: [Spread::Wait, Spread::Hold]
+            spreads: Spread::ALL
                 .map(|spread| metrics::histogram!(spread.name(), "backend" => kind)),
         });
         (registered.recorder == recorder).then_some(registered)

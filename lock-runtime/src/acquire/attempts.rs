@@ -27,7 +27,8 @@ pub(super) async fn until_granted(
 ) -> Result<Grant, LockError> {
     let backend = &acquirer.backend;
     let mut releases = turn.subscribed();
-    // Set once subscribing has been refused: from then on this waiter polls.
+    // Set once subscribing has been refused: from then on this waiter may queue
+    // without listening, and polls.
     let mut polls = false;
     let mut place: Option<QueuePlace> = None;
     let mut retries_left = plan.retries;

@@ -382,7 +382,6 @@ impl RedisNode {
         }
     }
 
-    /// How long the lock has left, whoever holds it; `None` when it is free.
     /// Whether `token` holds the lock with no other client queued for it: its value
     /// is the token alone, as a waiter that joins the queue marks it.
     pub(crate) async fn holds_alone(
@@ -397,6 +396,7 @@ impl RedisNode {
         Ok(value.as_deref() == Some(token))
     }
 
+    /// How long the lock has left, whoever holds it; `None` when it is free.
     pub(crate) async fn lease_left(&self, name: &LockName) -> Result<Option<Duration>, LockError> {
         let mut connection = self.connection.clone();
         let mut pttl = redis::cmd("PTTL");
