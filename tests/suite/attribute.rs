@@ -506,6 +506,7 @@ async fn instrumented_fns_hold_the_lock_and_run_in_their_span_in_either_order() 
     let here = LockClient::connect(&redis.url()).await.unwrap();
     let there = LockClient::connect(&redis.url()).await.unwrap();
     let spans = EventSpans::default();
+    crate::ask_every_subscriber();
     let _default = tracing::subscriber::set_default(spans.clone());
     let overlap = Overlap::default();
     let (a, b, c, d) = tokio::join!(

@@ -34,3 +34,15 @@ pub(crate) async fn data(redis: &lock_tests::RedisServer) -> redis::aio::Multipl
         .await
         .unwrap()
 }
+
+/// Has tracing ask every live subscriber whether it wants a callsite hit for the
+/// first time. While just one dispatcher is registered, tracing-core asks only the
+/// hitting thread's own: a library callsite first hit on another test's thread,
+/// which has none, would stay off for good for a test's thread-local subscriber.
+/// A second dispatcher, registered once and kept, rules that out.
+pub(crate) fn ask_every_subscriber() {
+    static KEPT: std::sync::LazyLock<tracing::Dispatch> = std::sync::LazyLock::new(|| {
+        tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default())
+    });
+    std::sync::LazyLock::force(&KEPT);
+}

@@ -168,6 +168,7 @@ type Counts = Arc<Mutex<HashMap<String, u64>>>;
 /// Runs `work` on a runtime of this thread, under a subscriber and a recorder of its
 /// own; returns the closed spans, the events and the metrics it saw.
 fn observed(work: impl Future<Output = ()>) -> (Vec<Seen>, Vec<Seen>, Counts) {
+    crate::ask_every_subscriber();
     let subscriber = Collector::default();
     let seen = subscriber.seen.clone();
     let recorder = Counting::default();
