@@ -396,7 +396,8 @@ async fn a_waiter_that_cannot_subscribe_still_gets_a_key_handed_on_in_another_cl
 
 /// A waiter that polls from Redis's queue asks more often than `retry_wait`, yet
 /// gives up within its budget (`retries` x `retry_wait`) and leaves its place, which
-/// a subscribed waiter behind it keeps alive.
+/// a subscribed waiter behind it keeps alive. It asks to subscribe once, not at
+/// every poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_cannot_subscribe_gives_up_in_its_budget_and_leaves_the_queue() {
     let redis = RedisServer::start_with_password("admin-pass", &[]);
@@ -438,8 +439,42 @@ async fn a_waiter_that_cannot_subscribe_gives_up_in_its_budget_and_leaves_the_qu
         "2 retries of 300 ms took {waited:?}"
     );
     until_queued(1, "the waiter that gave up kept its place in the queue").await;
+    assert_eq!(
+        refused_subscribes(&redis),
+        1,
+        "the waiter that polls asked to subscribe again"
+    );
     guard.release().await.unwrap();
     waiting.await.unwrap().unwrap().release().await.unwrap();
+}
+
+/// How many `SUBSCRIBE`s and `SSUBSCRIBE`s `redis` refused, by the counts in its
+/// `ACL LOG`.
+fn refused_subscribes(redis: &RedisServer) -> i64 {
+    let field = |fields: &[redis::Value], name: &str| {
+        fields
+            .chunks(2)
+            .find(|pair| pair[0] == redis::Value::BulkString(name.as_bytes().to_vec()))
+            .map(|pair| pair[1].clone())
+    };
+    denied(redis)
+        .iter()
+        .filter_map(|entry| match entry {
+            redis::Value::Array(fields) => Some(fields),
+            _ => None,
+        })
+        .filter(|fields| {
+            matches!(
+                field(fields, "object"),
+                Some(redis::Value::BulkString(object))
+                    if object == b"subscribe" || object == b"ssubscribe"
+            )
+        })
+        .map(|fields| match field(fields, "count") {
+            Some(redis::Value::Int(count)) => count,
+            other => panic!("an ACL LOG entry without a count: {other:?}"),
+        })
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

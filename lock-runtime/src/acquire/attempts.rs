@@ -1,4 +1,3 @@
-use std::mem;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +27,8 @@ pub(super) async fn until_granted(
     let backend = &acquirer.backend;
     let mut releases = turn.subscribed();
     // Set once subscribing has been refused: from then on this waiter may queue
-    // without listening, and polls.
+    // without listening, and polls, and does not ask to subscribe again (each refusal
+    // is a round trip, and a line in `ACL LOG`).
     let mut polls = false;
     let mut place: Option<QueuePlace> = None;
     let mut retries_left = plan.retries;
@@ -100,12 +100,12 @@ pub(super) async fn until_granted(
         if out_of_time {
             return Err(timeout(&name, attempts, started));
         }
-        if releases.is_none() {
+        if releases.is_none() && !polls {
             releases = turn.releases().await;
+            polls = releases.is_none();
             // Listening now, or polling from now on within the claim window: either
             // way no pass goes unclaimed, so ask again, joining the queue.
-            let joins_now = releases.is_some() || !mem::replace(&mut polls, true);
-            if joins_now && backend.queues() {
+            if backend.queues() {
                 continue;
             }
         }
