@@ -1,23 +1,22 @@
 //! A worker of the chaos test: tasks that take fenced, watchdog-renewed locks on a
-//! few hot keys until the deadline, and print each section as
-//! `<key> <token> <asked ns> <from ns> <until ns> <held>`, times since the Unix
-//! epoch, `held` being `is_held()` at the section's end (read after `until`, so a
-//! yes covers it). A key given as `<key>=<ms>` is held that long in each section,
-//! past the lease, so that only the watchdog keeps it; its sections also print
-//! `enter <key>` as they begin. Other keys are held for 1 ms.
+//! few hot keys until the worker's stdin closes (the test ended, or died), and
+//! print each section as `<key> <token> <asked ns> <from ns> <until ns> <held>`,
+//! times since the Unix epoch, `held` being `is_held()` at the section's end (read
+//! after `until`, so a yes covers it). A key given as `<key>=<ms>` is held that
+//! long in each section, past the lease, so that only the watchdog keeps it; its
+//! sections also print `enter <key>` as they begin. Other keys are held for 1 ms.
 //!
-//! Usage: `chaos-worker <keys,comma,separated> <tasks per key> <run ms> <topology>`,
+//! Usage: `chaos-worker <keys,comma,separated> <tasks per key> <topology>`,
 //! the topology being one of `redis <url>`, `cluster <url,url,..>`,
 //! `sentinel <sentinel url,url,..> <primary name>` or `redlock <url,url,..>`.
 //! `LOCK_CHAOS_REPLICAS=<n>` sets `ClientConfig::replicas` instead of its default.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
-use tokio::time::Instant;
 
-const USAGE: &str = "usage: chaos-worker <key[=ms],..> <tasks per key> <run ms> \
+const USAGE: &str = "usage: chaos-worker <key[=ms],..> <tasks per key> \
                      (redis <url> | cluster <urls> | sentinel <urls> <primary name> | redlock <urls>)";
 
 fn nanos_now() -> u128 {
@@ -50,12 +49,16 @@ async fn connect(topology: &[String], config: ClientConfig) -> Result<LockClient
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [keys, tasks, run_ms, topology @ ..] = args.as_slice() else {
+    let [keys, tasks, topology @ ..] = args.as_slice() else {
         eprintln!("{USAGE}");
         std::process::exit(2);
     };
     let tasks: usize = tasks.parse().expect("tasks per key");
-    let deadline = Instant::now() + Duration::from_millis(run_ms.parse().expect("run ms"));
+    // The test decides how long a run lasts, and however it ends, no worker outlives it.
+    std::thread::spawn(|| {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        std::process::exit(0);
+    });
     // A short bound on calls, so that a frozen Redis gives errors and lost leases,
     // not stalls.
     let mut config = ClientConfig::new().command_timeout(Duration::from_millis(200));
@@ -66,10 +69,7 @@ async fn main() {
     let client = loop {
         match connect(topology, config.clone()).await {
             Ok(client) => break client,
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(error) => panic!("no Redis until the deadline: {error}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     };
     let options = LockOptions::new()
@@ -78,7 +78,7 @@ async fn main() {
         .watchdog(true)
         .retry_wait(Duration::from_millis(20))
         .timeout(Duration::from_secs(2));
-    let mut workers = Vec::new();
+    let mut workers = tokio::task::JoinSet::new();
     for key in keys.split(',') {
         let (key, hold) = match key.split_once('=') {
             Some((key, ms)) => (key, Some(Duration::from_millis(ms.parse().expect("ms")))),
@@ -86,8 +86,8 @@ async fn main() {
         };
         for _ in 0..tasks {
             let (client, options, key) = (client.clone(), options.clone(), key.to_owned());
-            workers.push(tokio::spawn(async move {
-                while Instant::now() < deadline {
+            workers.spawn(async move {
+                loop {
                     let asked = nanos_now();
                     let Ok(guard) = client.acquire(&key, &options).await else {
                         continue;
@@ -103,10 +103,11 @@ async fn main() {
                     let _ = guard.release().await;
                     say(&format!("{key} {token} {asked} {from} {until} {held}\n"));
                 }
-            }));
+            });
         }
     }
-    for worker in workers {
-        worker.await.expect("a worker task");
+    // The tasks end only by panicking, which ends the worker too.
+    if let Some(Err(ended)) = workers.join_next().await {
+        std::panic::resume_unwind(ended.into_panic());
     }
 }
