@@ -7,6 +7,7 @@
 //! thread.
 
 use std::collections::BTreeMap;
+use std::mem;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
@@ -117,25 +118,26 @@ impl Keeper {
     /// Takes from the schedule the holds due by `now`, and those due a little later
     /// that are worth renewing now with them.
     fn take_due(&self, now: Instant) -> Vec<(Due, Arc<Acquisition>)> {
-        let soon: Vec<(Due, Weak<Acquisition>)> = self
-            .schedule()
-            .range(..=(now + EARLY_AT_MOST, u64::MAX))
-            .map(|(&due, hold)| (due, hold.clone()))
-            .collect();
+        // Split off whole, not copied out entry by entry: tens of thousands of leases
+        // may fall due together.
+        let soon = {
+            let mut schedule = self.schedule();
+            let later = schedule.split_off(&(now + EARLY_AT_MOST, u64::MAX));
+            mem::replace(&mut *schedule, later)
+        };
         // Looked at outside the lock: the last reference to a hold, dropped here,
         // releases it, which takes its entry out of the schedule.
-        let mut taken = Vec::new();
-        let mut gone = Vec::new();
+        let mut taken = Vec::with_capacity(soon.len());
+        let mut not_yet = Vec::new();
         for (due, hold) in soon {
             match hold.upgrade() {
-                Some(hold) if due.0 <= now + hold.renewable_early() => taken.push((due, hold)),
-                Some(_) => {}
-                None => gone.push(due),
+                Some(held) if due.0 <= now + held.renewable_early() => taken.push((due, held)),
+                Some(_) => not_yet.push((due, hold)),
+                None => {}
             }
         }
-        let mut schedule = self.schedule();
-        for due in taken.iter().map(|(due, _)| due).chain(&gone) {
-            schedule.remove(due);
+        if !not_yet.is_empty() {
+            self.schedule().extend(not_yet);
         }
         taken
     }
