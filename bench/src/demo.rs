@@ -11,6 +11,7 @@ use std::process::Command;
 
 use lock_tests::RedisServer;
 
+use crate::placement;
 use crate::report::{rate, ratio};
 use crate::stats::{lowest_and_highest, median};
 
@@ -49,6 +50,7 @@ pub(crate) fn flash_sale(rounds: usize) -> String {
         }
     };
     let server = RedisServer::start();
+    placement::serve(&server);
     let url = server.url();
     let mut rates: [Vec<f64>; 4] = Default::default();
     for round in 0..rounds {

@@ -10,6 +10,7 @@ use lock_runtime::{LockClient, LockGuard, LockOptions};
 use lock_tests::RedisServer;
 use tokio::task::JoinSet;
 
+use crate::placement;
 use crate::scenarios::{Usage, data_connection, redis_cpu};
 use crate::stats::{lowest_and_highest, median};
 
@@ -89,6 +90,7 @@ pub(crate) async fn keeping_many_locks(counts: &[usize], rounds: usize) -> Strin
 
 async fn hold(locks: usize) -> Result<Held, String> {
     let server = RedisServer::start();
+    placement::serve(&server);
     let checker = data_connection(&server.url()).await?;
     let client = LockClient::connect(&server.url())
         .await

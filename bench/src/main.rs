@@ -6,6 +6,7 @@ mod chart;
 mod demo;
 mod holding;
 mod peers;
+mod placement;
 mod replicas;
 mod report;
 mod scenarios;
@@ -84,6 +85,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    placement::settle();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let report = runtime.block_on(bench(&options));
     let markdown = report.markdown();
@@ -248,6 +250,7 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
 async fn bench(options: &Options) -> Report {
     let began = Instant::now();
     let server = RedisServer::start();
+    placement::serve(&server);
     let url = server.url();
     let checker = data_connection(&url)
         .await
@@ -366,7 +369,7 @@ async fn bench(options: &Options) -> Report {
         demo,
         raw_retry: options.raw_retry,
         redis_version: redis_version(&server),
-        cores: std::thread::available_parallelism().map_or(0, usize::from),
+        placement: placement::settle().clone(),
         took: began.elapsed(),
         quick: options.quick,
         charts: options.out.is_some(),

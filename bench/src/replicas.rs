@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use lock_tests::RedisServer;
 
 use crate::peers::PeerKind;
+use crate::placement;
 use crate::scenarios::{Participant, Scenario};
 use crate::stats::median;
 
@@ -28,7 +29,10 @@ pub(crate) async fn replica_sync(scenarios: &[Scenario], raw_retry: Duration) ->
     let alone = RedisServer::start();
     let primary = RedisServer::start();
     let port = primary.port().to_string();
-    let _replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    for server in [&alone, &primary, &replica] {
+        placement::serve(server);
+    }
     wait_for_sync(&primary);
     let connect = |server: &RedisServer| {
         let url = server.url();

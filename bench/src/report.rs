@@ -4,6 +4,7 @@ use std::fmt::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::peers::{self, PeerKind};
+use crate::placement::Placement;
 use crate::scenarios::{Contention, Counted, RunResult, SETUP_COMMANDS, Scenario};
 use crate::stats::{Waits, lowest_and_highest, median};
 
@@ -31,7 +32,7 @@ pub(crate) struct Report {
     pub(crate) demo: String,
     pub(crate) raw_retry: Duration,
     pub(crate) redis_version: String,
-    pub(crate) cores: usize,
+    pub(crate) placement: Placement,
     pub(crate) took: Duration,
     pub(crate) quick: bool,
     /// Whether the charts are drawn beside the report (in `chart::FOLDER`).
@@ -384,10 +385,12 @@ impl Report {
         let _ = writeln!(
             out,
             "**The machine:** {} cores, shared with other work and noisy; redis-server {} \
-             started by the bench on a free loopback port, everything on the same 2 cores. \
-             Read the medians and the ratios between implementations run back to back, not \
-             the absolute times: another run here can move every number by tens of percent.\n",
-            self.cores, self.redis_version
+             started by the bench on a free loopback port. {} Read the medians and the ratios \
+             between implementations run back to back, not the absolute times: another run \
+             here can move every number by tens of percent.\n",
+            self.placement.cores(),
+            self.redis_version,
+            self.placement.described()
         );
     }
 
@@ -555,7 +558,7 @@ impl Report {
              pair that asks Redis to acquire and to release sends 2. Wait: from calling acquire to holding the lock, over every acquire \
              of the timed rounds. CPU / section: the CPU time the implementation's \
              process(es) and redis-server used in a round over its sections, the median of \
-             the rounds (on 2 shared cores, CPU is what throughput runs out of). Failures: acquires, sections or releases that returned an \
+             the rounds (CPU is what throughput runs out of here). Failures: acquires, sections or releases that returned an \
              error, over all rounds and the counting pass.\n",
             describe.join("; ")
         );

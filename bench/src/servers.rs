@@ -11,6 +11,7 @@ use std::time::Duration;
 use lock_tests::RedisServer;
 
 use crate::peers::PeerKind;
+use crate::placement;
 use crate::scenarios::{Participant, Scenario};
 use crate::stats::median;
 
@@ -58,6 +59,7 @@ pub(crate) async fn newer_servers_beside_redis(
         .iter()
         .map(|&(binary, _)| RedisServer::start_binary(binary))
         .collect();
+    servers.iter().for_each(placement::serve);
     let mut participants = Vec::new();
     for server in &servers {
         for kind in PEERS {

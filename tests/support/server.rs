@@ -199,6 +199,11 @@ impl RedisServer {
         self.port
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// `SIGKILL`: the server dies at once, losing whatever it did not persist.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
