@@ -1,5 +1,5 @@
-//! Where the bench's processes run. With two cores or more, every redis-server has
-//! one core to itself, and the bench, its worker processes and the demo have the
+//! Where the bench's processes run. With two cores or more, every redis-server it
+//! starts runs on one core, and the bench, its worker processes and the demo on the
 //! others, as with a Redis on a host of its own: every reply crosses cores. Left to
 //! the kernel, the two sides sometimes shared a core and sometimes did not, and on a
 //! virtual machine a round trip costs two to three times as much CPU when each reply
@@ -32,7 +32,7 @@ pub(crate) fn settle() -> &'static Placement {
         let cores = allowed.len();
         let [server, rest @ ..] = allowed.as_slice() else {
             return Placement::Shared {
-                cores,
+                cores: std::thread::available_parallelism().map_or(0, usize::from),
                 why: "the cores this process may use are unknown".to_owned(),
             };
         };
@@ -73,9 +73,9 @@ impl Placement {
             } => {
                 let plural = if clients.contains(',') { "s" } else { "" };
                 format!(
-                    "Every redis-server runs alone on core {server}, and the bench, its worker \
-                     processes and the demo on core{plural} {clients}, as with a Redis on a host \
-                     of its own: every reply crosses cores. Left to the kernel, the two sides \
+                    "Every redis-server the bench starts runs on core {server}, and the bench, \
+                     its worker processes and the demo on core{plural} {clients}, as with a Redis \
+                     on a host of its own: every reply crosses cores. Left to the kernel, the two sides \
                      sometimes shared a core, where a round trip costs about a third of the \
                      CPU, and the hot-key figures jumped between the two placements from run \
                      to run."
@@ -102,7 +102,8 @@ pub(crate) fn serve(server: &RedisServer) {
     }
 }
 
-/// By `taskset` (util-linux): the workspace forbids the `unsafe` a direct call needs.
+/// Puts every thread of `pid` on `cores` (a list as `taskset` takes it): by `taskset`,
+/// of util-linux, as the workspace forbids the `unsafe` a direct call needs.
 fn pin(pid: u32, cores: &str) -> Result<(), String> {
     let status = Command::new("taskset")
         .args([
