@@ -3,9 +3,10 @@
 
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockGuard, LockOptions};
+use redis::AsyncConnectionConfig;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -184,8 +185,11 @@ impl Peer {
             }
             PeerKind::RawCareful => {
                 let client = Client::open(url).map_err(|e| e.to_string())?;
+                // redis-rs bounds every response by 500 ms unless told not to, which
+                // arms a timer per request: the careful raw protocol has none.
+                let config = AsyncConnectionConfig::new().set_response_timeout(None);
                 let mut connection = client
-                    .get_multiplexed_async_connection()
+                    .get_multiplexed_async_connection_with_config(&config)
                     .await
                     .map_err(|e| e.to_string())?;
                 COMPARE_AND_DELETE_SCRIPT
@@ -286,7 +290,10 @@ impl Peer {
 }
 
 /// The raw protocol's acquire: `SET NX PX` until it is granted, sleeping `retry`
-/// between tries.
+/// between tries, for at most [`ACQUIRE_CAP`]. The cap is read between tries rather
+/// than armed as a timer, so that a lock granted at once costs no timer: a request
+/// that never returns is bounded by the connection's response timeout, where it has
+/// one.
 async fn raw_acquire(
     connection: &(impl ConnectionLike + Clone + Send + Sync),
     key: &str,
@@ -294,24 +301,25 @@ async fn raw_acquire(
     lease: Duration,
     retry: Duration,
 ) -> Result<(), String> {
-    let attempts = async {
-        loop {
-            let set: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(token)
-                .arg("NX")
-                .arg("PX")
-                .arg(lease.as_millis() as u64)
-                .query_async(&mut connection.clone())
-                .await
-                .map_err(|e| e.to_string())?;
-            if set.is_some() {
-                return Ok(());
-            }
-            tokio::time::sleep(retry).await;
+    let deadline = Instant::now() + ACQUIRE_CAP;
+    loop {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(lease.as_millis() as u64)
+            .query_async(&mut connection.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        if set.is_some() {
+            return Ok(());
         }
-    };
-    capped(attempts).await
+        if Instant::now() >= deadline {
+            return Err(no_lock_in_time());
+        }
+        tokio::time::sleep(retry).await;
+    }
 }
 
 /// The raw protocol's release: the compare-and-delete, by `EVALSHA`.
@@ -335,8 +343,12 @@ async fn raw_release(
 async fn capped<T>(acquiring: impl Future<Output = Result<T, String>>) -> Result<T, String> {
     match tokio::time::timeout(ACQUIRE_CAP, acquiring).await {
         Ok(result) => result,
-        Err(_) => Err(format!("no lock within {} s", ACQUIRE_CAP.as_secs())),
+        Err(_) => Err(no_lock_in_time()),
     }
+}
+
+fn no_lock_in_time() -> String {
+    format!("no lock within {} s", ACQUIRE_CAP.as_secs())
 }
 
 /// Unique across the processes of a run: the process id and a counter.

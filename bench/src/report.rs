@@ -881,6 +881,17 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
         );
         let _ = writeln!(
             out,
+            "- **{}**: the bar issue 19 sets, what a careful user writes by hand: one redis-rs \
+             `MultiplexedConnection` with no response timeout (redis-rs bounds each answer by \
+             500 ms unless told not to, a timer per request), a uuid v4 token, \
+             `SET key token NX PX 10000`, and the same compare-and-delete by `EVALSHA`. Both \
+             raw peers read the bench's {} s cap between tries, so a lock granted at once \
+             arms no timer.",
+            self.label(PeerKind::RawCareful),
+            peers::ACQUIRE_CAP.as_secs()
+        );
+        let _ = writeln!(
+            out,
             "- **rslock 0.10** on one Redis: `LockManager::lock` and `unlock`, with \
              `set_retry({}, delay)`, where the delay is its default {} ms or {} ms. rslock \
              sleeps a random 0 to delay between tries, and a failed try also runs its unlock \
