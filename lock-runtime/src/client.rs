@@ -14,7 +14,9 @@ use crate::{LockError, LockGuard, LockOptions};
 ///
 /// Every Redis call, including waiting on a reconnect, gives up after
 /// `command_timeout` with `LockError::Backend`, so an unreachable Redis is an error
-/// within that bound, never a hang.
+/// within that bound, never a hang. A call on a connection gone silent is given up
+/// on at most a quarter of the bound later: the connection is watched as a whole,
+/// not each call with a timer of its own.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     pub(crate) connect_timeout: Duration,
@@ -117,7 +119,8 @@ impl ClientConfig {
         self
     }
 
-    /// The longest one Redis call may take, reconnecting included.
+    /// The longest one Redis call may take, reconnecting included, and a quarter more
+    /// on a connection gone silent.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self

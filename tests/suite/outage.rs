@@ -260,11 +260,14 @@ async fn a_connection_gone_silent_is_replaced() {
 
     proxy.silence();
     let silenced = Instant::now();
-    let unanswered = client.acquire("invoice", &options).await;
+    // Its requests are each given up on after the bound, within the quarter more the
+    // connection's watcher takes to look: this call makes two.
+    let unanswered = tokio::time::timeout(3 * bound, client.acquire("invoice", &options)).await;
     assert!(
-        matches!(unanswered, Err(LockError::Backend { .. })),
+        matches!(unanswered, Ok(Err(LockError::Backend { .. }))),
         "{unanswered:?}"
     );
+    assert!(silenced.elapsed() >= bound, "{:?}", silenced.elapsed());
     // Once a probe has gone unanswered for the bound too, calls take a new connection.
     loop {
         match client.acquire("invoice", &options).await {
@@ -273,6 +276,24 @@ async fn a_connection_gone_silent_is_replaced() {
             Err(error) => panic!("the client kept its silent connection: {error}"),
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_a_silent_connection_fails_in_bound() {
+    let bound = Duration::from_millis(300);
+    let config = ClientConfig::new().command_timeout(bound);
+    let (_redis, proxy, client) = connected_through_a_proxy(config).await;
+    let options = LockOptions::new().lease(Duration::from_secs(10));
+    let guard = client.acquire("invoice", &options).await.unwrap();
+
+    proxy.silence();
+    let silenced = Instant::now();
+    let released = tokio::time::timeout(3 * bound, guard.release()).await;
+    assert!(
+        matches!(released, Ok(Err(LockError::Backend { .. }))),
+        "{released:?}"
+    );
+    assert!(silenced.elapsed() >= bound, "{:?}", silenced.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,8 @@
 //! The ways to reach the Redis that holds the locks: one server, a Cluster, or the
 //! primary that Sentinel names. All three run the same scripts through one
-//! `ConnectionLike`, and each has a pub/sub connection of its own kind.
+//! `ConnectionLike`, and each has a pub/sub connection of its own kind. A request
+//! sent through a `Connection` is given up on after the command timeout, however it
+//! waits: on a reconnect, or on a server that went silent.
 
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
@@ -16,15 +18,16 @@ use redis::{
     Pipeline, ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture,
     RedisResult, Script, ServerErrorKind, TlsMode, ToRedisArgs, Value,
 };
-use std::future::Future;
+use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::runtime::Handle;
+use tokio::sync::Notify;
 use tokio::time::Timeout;
 
 use super::signals::Signals;
@@ -52,12 +55,20 @@ pub(crate) enum Target {
 #[derive(Clone)]
 pub(crate) enum Connection {
     /// To one server, or to the primary Sentinel names: ours, which connects again
-    /// when it drops.
+    /// when it drops, and bounds its requests itself.
     Own(Reconnecting),
     /// The application's own, or a subscriber's, which subscribes again when it
-    /// reconnects.
-    Manager(ConnectionManager),
-    Cluster(ClusterConnection),
+    /// reconnects. Each request is `bounded` by `limit`.
+    Manager {
+        manager: ConnectionManager,
+        limit: Duration,
+    },
+    /// Each request is `bounded` by `limit`: the response timeout redis-rs gives it
+    /// bounds one try, not the retries.
+    Cluster {
+        cluster: ClusterConnection,
+        limit: Duration,
+    },
 }
 
 impl Target {
@@ -119,7 +130,10 @@ impl Target {
             ..
         } = self
         {
-            return Ok(Connection::Manager(manager.clone()));
+            return Ok(Connection::Manager {
+                manager: manager.clone(),
+                limit: config.command_timeout,
+            });
         }
         self.connect_apart(config).await
     }
@@ -132,10 +146,13 @@ impl Target {
             Target::Sentinel { client, .. } => Source::Sentinel(client.clone()),
             Target::Cluster(urls) => {
                 let client = cluster_builder(urls, config).build()?;
-                return Ok(Connection::Cluster(client.get_async_connection().await?));
+                return Ok(Connection::Cluster {
+                    cluster: client.get_async_connection().await?,
+                    limit: config.command_timeout,
+                });
             }
         };
-        let own = Reconnecting::new(source, command_config(config), config.command_timeout);
+        let own = Reconnecting::commands(source, config);
         own.current().await?;
         Ok(Connection::Own(own))
     }
@@ -149,7 +166,7 @@ impl Target {
         config: &ClientConfig,
     ) -> RedisResult<Replicas> {
         match (self, connection) {
-            (Target::Cluster(_), Connection::Cluster(cluster)) => {
+            (Target::Cluster(_), Connection::Cluster { cluster, .. }) => {
                 let mut slots = redis::cmd("CLUSTER");
                 slots.arg("SLOTS");
                 let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
@@ -187,11 +204,13 @@ impl Target {
             Target::Server {
                 manager: Some(manager),
                 ..
-            } => Ok(Connection::Manager(manager.clone())),
-            Target::Server { client, .. } => Ok(Connection::Own(Reconnecting::new(
+            } => Ok(Connection::Manager {
+                manager: manager.clone(),
+                limit: config.command_timeout,
+            }),
+            Target::Server { client, .. } => Ok(Connection::Own(Reconnecting::commands(
                 Source::Server(Box::new(client.clone())),
-                command_config(config),
-                config.command_timeout,
+                config,
             ))),
             Target::Cluster(_) | Target::Sentinel { .. } => Err(RedisError::from((
                 ErrorKind::InvalidClientConfig,
@@ -218,14 +237,18 @@ impl Target {
                 let manager_config = manager_config(config)
                     .set_push_sender(pushes)
                     .set_automatic_resubscription();
-                Ok(Connection::Manager(
-                    ConnectionManager::new_with_config(client, manager_config).await?,
-                ))
+                Ok(Connection::Manager {
+                    manager: ConnectionManager::new_with_config(client, manager_config).await?,
+                    limit: config.command_timeout,
+                })
             }
             Target::Cluster(urls) => {
                 let builder = cluster_builder(urls, config).use_protocol(ProtocolVersion::RESP3);
                 let client = builder.push_sender(pushes).build()?;
-                Ok(Connection::Cluster(client.get_async_connection().await?))
+                Ok(Connection::Cluster {
+                    cluster: client.get_async_connection().await?,
+                    limit: config.command_timeout,
+                })
             }
             Target::Sentinel {
                 sentinels, primary, ..
@@ -326,13 +349,17 @@ impl<T, F: Future<Output = RedisResult<T>>> Future for Bounded<F> {
         let this = self.project();
         Poll::Ready(match ready!(this.call.poll(cx)) {
             Ok(answer) => answer,
-            Err(_) => Err(RedisError::from((
-                ErrorKind::Io,
-                "no answer from Redis in time",
-                format!("gave up after {} ms", this.limit.as_millis()),
-            ))),
+            Err(_) => Err(no_answer_in_time(*this.limit)),
         })
     }
+}
+
+fn no_answer_in_time(limit: Duration) -> RedisError {
+    RedisError::from((
+        ErrorKind::Io,
+        "no answer from Redis in time",
+        format!("gave up after {} ms", limit.as_millis()),
+    ))
 }
 
 /// How many replicas the primary of a lock has.
@@ -411,10 +438,10 @@ impl Connection {
     /// no key of its own (`WAIT`) goes there too.
     pub(crate) async fn on_primary_of(&mut self, key: &str, command: Cmd) -> RedisResult<Value> {
         match self {
-            Connection::Cluster(cluster) => {
+            Connection::Cluster { cluster, limit } => {
                 let primary = Route::with_key(key, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(primary));
-                cluster.route_command(command, routing).await
+                bounded(*limit, cluster.route_command(command, routing)).await
             }
             connection => command.query_async(connection).await,
         }
@@ -423,16 +450,16 @@ impl Connection {
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             Connection::Own(own) => own.current().await?.connection.subscribe(channel).await,
-            Connection::Manager(manager) => manager.subscribe(channel).await,
-            Connection::Cluster(cluster) => cluster.ssubscribe(channel).await,
+            Connection::Manager { manager, .. } => manager.subscribe(channel).await,
+            Connection::Cluster { cluster, .. } => cluster.ssubscribe(channel).await,
         }
     }
 
     pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             Connection::Own(own) => own.current().await?.connection.unsubscribe(channel).await,
-            Connection::Manager(manager) => manager.unsubscribe(channel).await,
-            Connection::Cluster(cluster) => cluster.sunsubscribe(channel).await,
+            Connection::Manager { manager, .. } => manager.unsubscribe(channel).await,
+            Connection::Cluster { cluster, .. } => cluster.sunsubscribe(channel).await,
         }
     }
 }
@@ -441,8 +468,12 @@ impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Connection::Own(own) => own.req_packed_command(cmd),
-            Connection::Manager(manager) => manager.req_packed_command(cmd),
-            Connection::Cluster(cluster) => cluster.req_packed_command(cmd),
+            Connection::Manager { manager, limit } => {
+                Box::pin(bounded(*limit, manager.req_packed_command(cmd)))
+            }
+            Connection::Cluster { cluster, limit } => {
+                Box::pin(bounded(*limit, cluster.req_packed_command(cmd)))
+            }
         }
     }
 
@@ -454,16 +485,22 @@ impl ConnectionLike for Connection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Connection::Own(own) => own.req_packed_commands(pipeline, offset, count),
-            Connection::Manager(manager) => manager.req_packed_commands(pipeline, offset, count),
-            Connection::Cluster(cluster) => cluster.req_packed_commands(pipeline, offset, count),
+            Connection::Manager { manager, limit } => Box::pin(bounded(
+                *limit,
+                manager.req_packed_commands(pipeline, offset, count),
+            )),
+            Connection::Cluster { cluster, limit } => Box::pin(bounded(
+                *limit,
+                cluster.req_packed_commands(pipeline, offset, count),
+            )),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Connection::Own(own) => own.get_db(),
-            Connection::Manager(manager) => manager.get_db(),
-            Connection::Cluster(cluster) => cluster.get_db(),
+            Connection::Manager { manager, .. } => manager.get_db(),
+            Connection::Cluster { cluster, .. } => cluster.get_db(),
         }
     }
 }
@@ -472,6 +509,10 @@ impl ConnectionLike for Connection {
 /// stops answering, or its server turns read-only (a demoted primary), the next call
 /// connects again, asking Sentinel where. Lighter than a `ConnectionManager` on
 /// every call: no shared future to clone, and the connection's own, not boxed twice.
+///
+/// Its requests are bounded without a timer each: a connection that has answered
+/// nothing for the bound while a request waited has its waiting requests given up on
+/// (`watch`), which then probe it as a caller that gives up does.
 #[derive(Clone)]
 pub(crate) struct Reconnecting {
     shared: Arc<ReconnectingShared>,
@@ -480,7 +521,7 @@ pub(crate) struct Reconnecting {
 struct ReconnectingShared {
     source: Source,
     config: AsyncConnectionConfig,
-    /// How long a connection has to answer a probe before it is forgotten.
+    /// How long a request, or a connection's silence while one waits, may last.
     limit: Duration,
     /// Whether a probe is out to learn whether the connection still answers.
     probing: AtomicBool,
@@ -505,6 +546,19 @@ struct Slot {
 struct Made {
     number: u64,
     connection: MultiplexedConnection,
+    traffic: Arc<Traffic>,
+}
+
+/// The requests on one connection, counted so that its watcher tells a silent
+/// connection from an idle one: while a request waits, a live connection answers
+/// something within the bound, since answers come back in the order sent.
+#[derive(Default)]
+struct Traffic {
+    sent: AtomicU64,
+    answered: AtomicU64,
+    abandoned: AtomicU64,
+    /// Tells the requests waiting that the connection went silent.
+    silent: Notify,
 }
 
 /// Where a `Reconnecting` connects to.
@@ -514,6 +568,16 @@ enum Source {
 }
 
 impl Reconnecting {
+    /// For the lock's commands. No response timeout of redis-rs' own: a timer per
+    /// request, armed inside redis-rs, cost the everyday pair more than any other one
+    /// thing, and woke a parked runtime thread for almost every request.
+    fn commands(source: Source, config: &ClientConfig) -> Reconnecting {
+        let connecting = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(None);
+        Self::new(source, connecting, config.command_timeout)
+    }
+
     fn new(source: Source, config: AsyncConnectionConfig, limit: Duration) -> Reconnecting {
         Reconnecting {
             shared: Arc::new(ReconnectingShared {
@@ -532,7 +596,7 @@ impl Reconnecting {
         match current {
             Some(made) => Ok(made),
             // Boxed: connecting is rare, and its state would weigh on every call.
-            None => Box::pin(self.connect()).await,
+            None => Box::pin(bounded(self.shared.limit, self.connect())).await,
         }
     }
 
@@ -549,20 +613,28 @@ impl Reconnecting {
         let connection = client
             .get_multiplexed_async_connection_with_config(&shared.config)
             .await?;
-        let mut slot = self.write_slot();
-        slot.made += 1;
-        let made = Made {
-            number: slot.made,
-            connection,
+        let traffic = Arc::new(Traffic::default());
+        let made = {
+            let mut slot = self.write_slot();
+            slot.made += 1;
+            let made = Made {
+                number: slot.made,
+                connection,
+                traffic,
+            };
+            slot.current = Some(made.clone());
+            made
         };
-        slot.current = Some(made.clone());
+        tokio::spawn(watch(Arc::downgrade(&made.traffic), shared.limit));
         Ok(made)
     }
 
-    fn awaiting(&self, number: u64) -> Awaiting<'_> {
+    fn awaiting<'a>(&'a self, number: u64, traffic: &'a Traffic) -> Awaiting<'a> {
+        traffic.sent.fetch_add(1, Ordering::Relaxed);
         Awaiting {
             connection: self,
             number,
+            traffic,
             answered: false,
         }
     }
@@ -653,13 +725,49 @@ impl Reconnecting {
 struct Awaiting<'a> {
     connection: &'a Reconnecting,
     number: u64,
+    traffic: &'a Traffic,
     answered: bool,
 }
 
 impl Drop for Awaiting<'_> {
     fn drop(&mut self) {
-        if !self.answered {
+        if self.answered {
+            self.traffic.answered.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.traffic.abandoned.fetch_add(1, Ordering::Relaxed);
             self.connection.given_up_on(self.number);
+        }
+    }
+}
+
+/// Gives up on the requests waiting on a connection once it has answered nothing
+/// for `limit` while one waited: a paused server, a peer gone without a word, a
+/// firewall that dropped the flow. A request waits at most `limit` and a quarter so,
+/// and less only when the connection was silent for the whole bound before it.
+/// Ends with the connection.
+async fn watch(traffic: Weak<Traffic>, limit: Duration) {
+    let tick = limit / 4;
+    let mut quiet = Duration::ZERO;
+    // How many answers had come at the last look, if a request was waiting then.
+    let mut waited_at = None;
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(traffic) = traffic.upgrade() else {
+            return;
+        };
+        let answered = traffic.answered.load(Ordering::Relaxed);
+        let finished = answered + traffic.abandoned.load(Ordering::Relaxed);
+        let waiting = traffic.sent.load(Ordering::Relaxed) > finished;
+        if !waiting || waited_at != Some(answered) {
+            quiet = Duration::ZERO;
+            waited_at = waiting.then_some(answered);
+            continue;
+        }
+        quiet += tick;
+        if quiet >= limit {
+            traffic.silent.notify_waiters();
+            quiet = Duration::ZERO;
+            waited_at = None;
         }
     }
 }
@@ -704,9 +812,12 @@ impl ConnectionLike for Reconnecting {
             let Made {
                 number,
                 mut connection,
+                traffic,
             } = self.current().await?;
-            let mut awaiting = self.awaiting(number);
-            let answer = connection.send_packed_command(cmd).await;
+            let mut awaiting = self.awaiting(number, &traffic);
+            let answer = pin!(connection.send_packed_command(cmd));
+            let silent = pin!(traffic.silent.notified());
+            let answer = unless_silent(answer, silent, self.shared.limit).await?;
             awaiting.answered = true;
             self.check(answer, number)
         })
@@ -722,11 +833,12 @@ impl ConnectionLike for Reconnecting {
             let Made {
                 number,
                 mut connection,
+                traffic,
             } = self.current().await?;
-            let mut awaiting = self.awaiting(number);
-            let answer = connection
-                .send_packed_commands(pipeline, offset, count)
-                .await;
+            let mut awaiting = self.awaiting(number, &traffic);
+            let answer = pin!(connection.send_packed_commands(pipeline, offset, count));
+            let silent = pin!(traffic.silent.notified());
+            let answer = unless_silent(answer, silent, self.shared.limit).await?;
             awaiting.answered = true;
             self.check(answer, number)
         })
@@ -738,6 +850,24 @@ impl ConnectionLike for Reconnecting {
             .as_ref()
             .map_or(0, |made| made.connection.get_db())
     }
+}
+
+/// `answer`, or an error once the connection's watcher finds it silent: left
+/// unanswered, the request has the connection probed. Takes both pinned where the
+/// request's own future holds them, which is not moved again: moving them costs
+/// the everyday request more than waiting on them.
+fn unless_silent<T>(
+    mut answer: Pin<&mut impl Future<Output = RedisResult<T>>>,
+    mut silent: Pin<&mut impl Future<Output = ()>>,
+    limit: Duration,
+) -> impl Future<Output = RedisResult<RedisResult<T>>> {
+    poll_fn(move |cx| match answer.as_mut().poll(cx) {
+        Poll::Ready(answer) => Poll::Ready(Ok(answer)),
+        Poll::Pending => silent
+            .as_mut()
+            .poll(cx)
+            .map(|()| Err(no_answer_in_time(limit))),
+    })
 }
 
 /// A release or grant message wakes that lock's waiters (`Signals::heard` says
@@ -858,16 +988,6 @@ fn sentinel_client(
         Some(node),
         SentinelServerType::Master,
     )
-}
-
-/// For the connection that sends the lock's commands. No response timeout of
-/// redis-rs' own: every call is already `bounded`, and a second timer per request,
-/// armed inside redis-rs, wakes a parked runtime thread for almost every request
-/// (one thread switch in two on an uncontended pair).
-fn command_config(config: &ClientConfig) -> AsyncConnectionConfig {
-    AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(config.connect_timeout))
-        .set_response_timeout(None)
 }
 
 /// For a single server's subscriber, which listens and never waits on an answer.

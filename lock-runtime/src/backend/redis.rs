@@ -186,13 +186,12 @@ impl RedisNode {
                 .arg("PX")
                 .arg(lease_ms(lease))
                 .arg("GET");
-            let limit = self.config.command_timeout;
             let mut connection = self.connection.clone();
-            let answer = match bounded(limit, set.query_async(&mut connection)).await {
+            let answer = match set.query_async(&mut connection).await {
                 // Boxed, as the rare way: the first request's future holds no second.
                 Err(error) if error.is_connection_dropped() => {
                     let mut connection = self.connection.clone();
-                    Box::pin(bounded(limit, set.query_async(&mut connection))).await
+                    Box::pin(set.query_async(&mut connection)).await
                 }
                 answer => answer,
             };
@@ -531,7 +530,6 @@ impl RedisNode {
         }
         // Sent together: on a Cluster the locks of a few thousand slots make as many
         // calls.
-        let limit = self.config.command_timeout;
         let mut calls = JoinSet::new();
         for chunk in slots
             .values()
@@ -547,7 +545,7 @@ impl RedisNode {
             calls.spawn(async move {
                 let call = &call;
                 let renewed: redis::RedisResult<Vec<i64>> =
-                    retried_once(limit, &connection, |mut connection| async move {
+                    retried_once(&connection, |mut connection| async move {
                         call.invoke(&mut connection).await
                     })
                     .await;
@@ -648,7 +646,7 @@ impl RedisNode {
     where
         F: Future<Output = redis::RedisResult<T>>,
     {
-        retried_once(self.config.command_timeout, &self.connection, call)
+        retried_once(&self.connection, call)
             .await
             .map_err(|source| LockError::backend(name.key(), source))
     }
@@ -664,10 +662,9 @@ impl RedisNode {
     }
 }
 
-/// `call` on `connection` within `limit`, sent again once if the connection was
-/// found dropped (Redis restarted, say): for requests that may safely run twice.
+/// `call` on `connection`, sent again once if the connection was found dropped
+/// (Redis restarted, say): for requests that may safely run twice.
 async fn retried_once<T, F>(
-    limit: Duration,
     connection: &Connection,
     call: impl Fn(Connection) -> F,
 ) -> redis::RedisResult<T>
@@ -677,7 +674,7 @@ where
     // One await in a loop, not two in a row: the future then holds one call.
     let mut retried = false;
     loop {
-        match bounded(limit, call(connection.clone())).await {
+        match call(connection.clone()).await {
             Err(error) if error.is_connection_dropped() && !retried => retried = true,
             answer => return answer,
         }
