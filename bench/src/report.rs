@@ -741,10 +741,11 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
              client's threads were put on a CPU (each one a thread woken or preempted), \
              the client's heap allocations, and Redis's own time for the pair's commands \
              (`INFO commandstats`, from the counting pass). Timers armed, by \
-             construction rather than measured: lock-runtime one per request, its bound \
-             (none of which wakes a thread while the client is in use); the careful raw \
-             protocol none; raw through a `ConnectionManager` with a response timeout one \
-             per request.\n\n\
+             construction rather than measured: lock-runtime none per request on its own \
+             connection, which one watcher per connection looks at every quarter of the \
+             bound (one per request on an application's `ConnectionManager` or a \
+             Cluster); the careful raw protocol none; raw through a `ConnectionManager` \
+             with a response timeout one per request.\n\n\
              | Scenario | Implementation | Acquire p50 | Release p50 | Client CPU | Redis CPU | Thread switches | Allocations | Redis's time |\n\
              |---|---|--:|--:|--:|--:|--:|--:|--:|"
         );

@@ -26,8 +26,8 @@ use crate::telemetry;
 ///
 /// The tick also keeps a timer armed while the client is in use: tokio wakes a
 /// parked thread whenever a timer is armed earlier than every other one, and each
-/// request arms one (its bound), so with no timer pending each request would cost
-/// a thread wake-up.
+/// request on an application's `ConnectionManager` or a Cluster arms one (its
+/// bound), so with no timer pending each such request would cost a thread wake-up.
 const TICK: Duration = Duration::from_secs(1);
 
 /// How much sooner than due the keeper renews a lease, at most, to renew it with
