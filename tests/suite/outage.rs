@@ -279,6 +279,58 @@ async fn a_connection_gone_silent_is_replaced() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_on_a_silent_connection_has_it_replaced() {
+    let bound = Duration::from_millis(300);
+    let config = ClientConfig::new().command_timeout(bound);
+    let (_redis, proxy, client) = connected_through_a_proxy(config).await;
+    let options = LockOptions::new().spin(false);
+
+    proxy.silence();
+    let dropped = tokio::time::timeout(bound / 10, client.acquire("invoice", &options)).await;
+    assert!(dropped.is_err(), "{dropped:?}");
+    // The probe its caller's going sent is unanswered for the bound: the connection is
+    // forgotten, and the next call makes a new one.
+    tokio::time::sleep(bound + bound / 2).await;
+    let started = Instant::now();
+    client
+        .acquire("invoice", &options)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert!(started.elapsed() < bound, "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_connection_is_not_taken_for_a_silent_one() {
+    let redis = RedisServer::start();
+    let bound = Duration::from_millis(300);
+    let config = ClientConfig::new().command_timeout(bound);
+    let client = LockClient::connect_with(&redis.url(), config)
+        .await
+        .unwrap();
+    let options = LockOptions::new().lease(Duration::from_secs(10));
+    // Some request always waits on the connection, for many times the bound.
+    let until = Instant::now() + 5 * bound;
+    let tasks: Vec<_> = (0..32)
+        .map(|n| {
+            let (client, options) = (client.clone(), options.clone());
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    let guard = client.acquire(&format!("order:{n}"), &options).await?;
+                    guard.release().await?;
+                }
+                Ok::<(), LockError>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_on_a_silent_connection_fails_in_bound() {
     let bound = Duration::from_millis(300);
     let config = ClientConfig::new().command_timeout(bound);
