@@ -814,9 +814,10 @@ impl ConnectionLike for Reconnecting {
                 mut connection,
                 traffic,
             } = self.current().await?;
+            // Before the request counts as waiting: the watcher's word is then not missed.
+            let silent = pin!(traffic.silent.notified());
             let mut awaiting = self.awaiting(number, &traffic);
             let answer = pin!(connection.send_packed_command(cmd));
-            let silent = pin!(traffic.silent.notified());
             let answer = unless_silent(answer, silent, self.shared.limit).await?;
             awaiting.answered = true;
             self.check(answer, number)
@@ -835,9 +836,9 @@ impl ConnectionLike for Reconnecting {
                 mut connection,
                 traffic,
             } = self.current().await?;
+            let silent = pin!(traffic.silent.notified());
             let mut awaiting = self.awaiting(number, &traffic);
             let answer = pin!(connection.send_packed_commands(pipeline, offset, count));
-            let silent = pin!(traffic.silent.notified());
             let answer = unless_silent(answer, silent, self.shared.limit).await?;
             awaiting.answered = true;
             self.check(answer, number)
