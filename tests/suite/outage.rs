@@ -288,9 +288,9 @@ async fn a_call_dropped_on_a_silent_connection_has_it_replaced() {
     proxy.silence();
     let dropped = tokio::time::timeout(bound / 10, client.acquire("invoice", &options)).await;
     assert!(dropped.is_err(), "{dropped:?}");
-    // The probe its caller's going sent is unanswered for the bound: the connection is
-    // forgotten, and the next call makes a new one.
-    tokio::time::sleep(bound + bound / 2).await;
+    // Dropping the call sent a probe, which goes unanswered for the bound: the
+    // connection is forgotten, and the next call makes a new one.
+    tokio::time::sleep(2 * bound).await;
     let started = Instant::now();
     client
         .acquire("invoice", &options)
