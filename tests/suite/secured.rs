@@ -18,7 +18,7 @@ use crate::attribute::Overlap;
 /// `ACL SETUSER locks on >password`: its keys and channels, and its commands.
 const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
 +select +client|setinfo +role \
-+set +get +del +pexpire +pttl +incr +time +type \
++set +get +mget +del +pexpire +pttl +incr +time +type \
 +pexpireat +pexpiretime \
 +zadd +zrem +zrange +zcard +zscore +zremrangebyscore \
 +evalsha +script|load +wait +waitaof +delifeq +delex \
@@ -283,6 +283,18 @@ async fn an_acl_user_with_only_the_needed_commands_does_everything() {
     let busy = second.try_acquire("report", &options).await.unwrap();
     assert!(busy.is_none(), "a second holder got a held lock");
     guard.release().await.unwrap();
+
+    // The watchdog, whose renewals go together in one script.
+    let watched = LockOptions::new()
+        .lease(Duration::from_millis(600))
+        .watchdog(true);
+    let guard = first.acquire("payout", &watched).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert!(guard.is_held(), "the watchdog let the lease run out");
+    let busy = second.try_acquire("payout", &watched).await.unwrap();
+    assert!(busy.is_none(), "a second holder got a watched lock");
+    guard.release().await.unwrap();
+
     let stale = first.acquire("audit", &options).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let successor = second.acquire("audit", &options).await.unwrap();
