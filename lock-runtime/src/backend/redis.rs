@@ -517,58 +517,63 @@ impl RedisNode {
     }
 
     /// Renews each of `renewals` whose token still holds its lock, in one call per
-    /// hash slot of at most `RENEWALS_PER_CALL` locks, then confirms them with the
-    /// replicas together; what each found, in order.
+    /// hash slot and lease of at most `RENEWALS_PER_CALL` locks, then confirms them
+    /// with the replicas together; what each found, in order.
     pub(crate) async fn renew_many(&self, renewals: &[Renewing]) -> Vec<Result<bool, LockError>> {
-        let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        let mut calls_by_slot_and_lease: BTreeMap<(u16, u64), Vec<usize>> = BTreeMap::new();
         for (index, renewing) in renewals.iter().enumerate() {
             let slot = match self.target {
                 Target::Cluster(_) => slot(renewing.name.hash()),
                 Target::Server { .. } | Target::Sentinel { .. } => 0,
             };
-            slots.entry(slot).or_default().push(index);
+            calls_by_slot_and_lease
+                .entry((slot, lease_ms(renewing.lease)))
+                .or_default()
+                .push(index);
         }
         // Sent together: on a Cluster the locks of a few thousand slots make as many
         // calls.
         let mut calls = JoinSet::new();
-        for chunk in slots
-            .values()
-            .flat_map(|slot| slot.chunks(RENEWALS_PER_CALL))
-        {
+        for (&(_, lease), chunk) in calls_by_slot_and_lease.iter().flat_map(|(group, locks)| {
+            locks
+                .chunks(RENEWALS_PER_CALL)
+                .map(move |chunk| (group, chunk))
+        }) {
             let locks: Vec<&str> = chunk.iter().map(|&i| renewals[i].name.hash()).collect();
             let mut call = ScriptCall::new(&RENEW_MANY, &locks);
             for &i in chunk {
-                call.arg(&*renewals[i].token)
-                    .arg(lease_ms(renewals[i].lease));
+                call.arg(&*renewals[i].token);
             }
+            call.arg(lease);
             let (chunk, connection) = (chunk.to_vec(), self.connection.clone());
             calls.spawn(async move {
                 let call = &call;
-                let renewed: redis::RedisResult<Vec<i64>> =
+                let lost: redis::RedisResult<Vec<usize>> =
                     retried_once(&connection, |mut connection| async move {
                         call.invoke(&mut connection).await
                     })
                     .await;
-                // One answer per lock, or none is trusted: a lock left out is not one
-                // refused.
-                let renewed = renewed.and_then(|renewed| match renewed.len() == chunk.len() {
-                    true => Ok(renewed),
-                    false => Err(RedisError::from((
-                        ErrorKind::Parse,
-                        "unexpected reply from the renewal script",
-                        format!("{} answers for {} locks", renewed.len(), chunk.len()),
-                    ))),
+                // Only positions among the call's locks, or none is trusted.
+                let lost = lost.and_then(|lost| {
+                    match lost.iter().all(|&at| (1..=chunk.len()).contains(&at)) {
+                        true => Ok(lost),
+                        false => Err(RedisError::from((
+                            ErrorKind::Parse,
+                            "unexpected reply from the renewal script",
+                            format!("{lost:?} among the positions of {} locks", chunk.len()),
+                        ))),
+                    }
                 });
-                (chunk, renewed)
+                (chunk, lost)
             });
         }
         let mut answers: Vec<Option<Result<bool, LockError>>> = Vec::new();
         answers.resize_with(renewals.len(), || None);
-        while let Some(Ok((chunk, renewed))) = calls.join_next().await {
-            for (position, i) in chunk.into_iter().enumerate() {
+        while let Some(Ok((chunk, lost))) = calls.join_next().await {
+            for (position, i) in (1..).zip(chunk) {
                 let key = renewals[i].name.key();
-                answers[i] = Some(match &renewed {
-                    Ok(renewed) => Ok(renewed[position] == 1),
+                answers[i] = Some(match &lost {
+                    Ok(lost) => Ok(!lost.contains(&position)),
                     Err(error) => Err(LockError::backend(key, error.clone())),
                 });
             }

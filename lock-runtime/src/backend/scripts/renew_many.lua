@@ -1,24 +1,27 @@
--- KEYS the locks; ARGV for the lock KEYS[i], the token that should hold it,
--- ARGV[2i-1], and the lease ms to give it, ARGV[2i]
--- Returns, for each lock, 1 when its token still held it and its lease was reset,
--- else 0: the renewals that fell due together, in one call.
--- One MGET reads them all: a call from Lua costs Redis about as much as the command
--- it runs, and most of these locks are plain strings (a lock of another type reads
--- as nil there, and goes the long way).
+-- KEYS the locks; ARGV the token that should hold each, ARGV[i] for KEYS[i], then
+-- the lease ms to give them all, last.
+-- Returns the positions in KEYS of the locks whose token no longer held them, the
+-- others' leases reset: the renewals of one lease that fell due together, in one call.
+-- Written for Redis's cost per lock, which is most of a call's: one MGET reads them
+-- all, and most of these locks are plain strings (a lock of another type reads as
+-- nil there, and goes the long way); the lease is sent once; the answer names only
+-- the few locks lost; and `PEXPIREAT` at an end worked out once is not rewritten by
+-- Redis for its replicas, where every `PEXPIRE` is.
 local values = redis.call('MGET', unpack(KEYS))
-local renewed = {}
+local lease = tonumber(ARGV[#KEYS + 1])
+local ends = string.format('%d', now_ms() + lease)
+local lost = {}
 for i, lock in ipairs(KEYS) do
-  local token, lease = ARGV[2 * i - 1], ARGV[2 * i]
-  renewed[i] = 0
+  local token = ARGV[i]
   if values[i] == token then
-    redis.call('PEXPIRE', lock, lease)
-    renewed[i] = 1
+    redis.call('PEXPIREAT', lock, ends)
   else
     local held, holder = state(lock)
     if holds(lock, token, held, holder) then
       set_lease(lock, token, kind_of(token), lease)
-      renewed[i] = 1
+    else
+      lost[#lost + 1] = i
     end
   end
 end
-return renewed
+return lost
