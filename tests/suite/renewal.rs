@@ -6,22 +6,19 @@ use std::time::Duration;
 use lock_runtime::{LockClient, LockGuard, LockOptions};
 use lock_tests::{CountingProxy, RedisServer};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 const LOCKS: usize = 100;
 
-async fn hold_many(client: &LockClient, lease: Duration) -> Vec<LockGuard> {
+/// `locks` locks named `<name>:<number>`, taken together on watchdog leases.
+async fn hold(client: &LockClient, name: &str, locks: usize, lease: Duration) -> Vec<LockGuard> {
     let options = LockOptions::new().lease(lease).watchdog(true);
     let mut taking = JoinSet::new();
-    for lock in 0..LOCKS {
-        let (client, options) = (client.clone(), options.clone());
-        taking.spawn(async move {
-            (
-                lock,
-                client.acquire(&format!("kept:{lock}"), &options).await,
-            )
-        });
+    for lock in 0..locks {
+        let (client, options, name) = (client.clone(), options.clone(), format!("{name}:{lock}"));
+        taking.spawn(async move { (lock, client.acquire(&name, &options).await) });
     }
-    let mut guards: Vec<Option<LockGuard>> = (0..LOCKS).map(|_| None).collect();
+    let mut guards: Vec<Option<LockGuard>> = (0..locks).map(|_| None).collect();
     while let Some(taken) = taking.join_next().await {
         let (lock, guard) = taken.unwrap();
         guards[lock] = Some(guard.unwrap());
@@ -37,7 +34,7 @@ async fn leases_that_fall_due_together_are_renewed_in_one_request() {
     let operator = LockClient::connect(&redis.url()).await.unwrap();
     let lease = Duration::from_millis(600);
     proxy.take();
-    let guards = hold_many(&client, lease).await;
+    let guards = hold(&client, "kept", LOCKS, lease).await;
     assert_eq!(proxy.take().get("SET"), LOCKS as u64);
 
     // Two leases long: without renewals every lock would be gone; with them, each
@@ -76,6 +73,45 @@ async fn leases_that_fall_due_together_are_renewed_in_one_request() {
         "the stale holder's renewals set the taker's lease to {left:?}"
     );
     taker.release().await.unwrap();
+}
+
+/// Leases of two lengths taken together fall due together (every 200 ms and every
+/// 300 ms: both at 600 ms), and each is renewed for its own lease: never a longer
+/// one, which keeps the lock from others longer than asked, nor a shorter one,
+/// which ends it in Redis before its holder knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_two_lengths_renewed_together_each_get_their_own() {
+    let redis = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let operator = LockClient::connect(&redis.url()).await.unwrap();
+    let leases = [Duration::from_millis(600), Duration::from_millis(900)];
+    let (short, long) = tokio::join!(
+        hold(&client, "short", 20, leases[0]),
+        hold(&client, "long", 20, leases[1])
+    );
+    let until = Instant::now() + 4 * leases[1];
+    while Instant::now() < until {
+        for (name, lease) in [("short", leases[0]), ("long", leases[1])] {
+            // Renewed every third of it, a lease has two thirds of it left at least:
+            // more than a third, even with a keeper a good while late.
+            let least = lease / 3 + Duration::from_millis(50);
+            for lock in 0..20 {
+                let key = format!("{name}:{lock}");
+                let left = operator.lease_left(&key).await.unwrap();
+                let left = left.unwrap_or_else(|| panic!("{key} is no longer in Redis"));
+                assert!(
+                    least < left && left <= lease,
+                    "{key}, on a {lease:?} lease, had {left:?} left"
+                );
+            }
+        }
+    }
+    for (name, guards) in [("short", short), ("long", long)] {
+        for (lock, guard) in guards.into_iter().enumerate() {
+            assert!(guard.is_held(), "{name}:{lock} was lost");
+            guard.release().await.unwrap();
+        }
+    }
 }
 
 /// A client made and first used on a runtime that has since shut down, its watchdog
