@@ -337,8 +337,8 @@ impl Backend {
     }
 
     /// Renews each of `renewals` if its token still holds the lock: where locks live
-    /// in Redis, in one request per hash slot for many locks; elsewhere one renewal
-    /// each, all at once. What each found, in order.
+    /// in Redis, in one request per hash slot and lease for many locks; elsewhere
+    /// one renewal each, all at once. What each found, in order.
     pub(crate) async fn renew_many(
         self: &Arc<Self>,
         renewals: Vec<Renewing>,

@@ -1,10 +1,10 @@
 //! The client's lease keeper: one task that wakes when holds have lasted long enough
 //! to need looking after (a third of a watchdog lease, or a lease's end). It renews
-//! the leases that fall due together in one request, per hash slot of at most a few
-//! hundred locks: watchdog leases, and fixed leases still owed to a task that took
-//! them over. It gives up the client's turn for a hold whose lease ended. A hold
-//! released sooner, as most are, costs an insert and a remove here, and wakes no
-//! thread.
+//! the leases that fall due together in one request per hash slot and lease length,
+//! of at most a few hundred locks: watchdog leases, and fixed leases still owed to a
+//! task that took them over. It gives up the client's turn for a hold whose lease
+//! ended. A hold released sooner, as most are, costs an insert and a remove here,
+//! and wakes no thread.
 
 use std::collections::BTreeMap;
 use std::mem;
