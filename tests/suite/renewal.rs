@@ -1,10 +1,11 @@
 //! The watchdog renews the leases that fall due together in one request, and tells
 //! each lock of the request what happened to it.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockGuard, LockOptions};
-use lock_tests::{CountingProxy, RedisServer};
+use lock_tests::{CountingProxy, RedisCluster, RedisServer};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -67,6 +68,53 @@ async fn leases_that_fall_due_together_are_renewed_in_one_request() {
         assert!(guard.is_held(), "kept:{lock} was lost with kept:7");
     }
     assert!(!guards[7].is_held());
+    let left = operator.lease_left("kept:7").await.unwrap().unwrap();
+    assert!(
+        left > Duration::from_secs(5),
+        "the stale holder's renewals set the taker's lease to {left:?}"
+    );
+    taker.release().await.unwrap();
+}
+
+/// On a Cluster the locks that fall due together lie in many hash slots, which one
+/// script call cannot span: each slot's locks go in a call of their own, to the
+/// primary that serves it, and each lock learns its own call's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_locks_of_many_slots_are_renewed_together_and_each_told_its_own() {
+    let cluster = RedisCluster::start();
+    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let operator = LockClient::cluster(cluster.urls()).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let guards = hold(&client, "kept", 40, lease).await;
+    let slots: HashSet<u16> = (0..40)
+        .map(|lock| cluster.slot_of(&format!("lock:{{kept:{lock}}}")))
+        .collect();
+    assert!(
+        slots.len() > 30,
+        "the locks lie in {} slots only",
+        slots.len()
+    );
+
+    tokio::time::sleep(3 * lease).await;
+    for (lock, guard) in guards.iter().enumerate() {
+        assert!(guard.is_held(), "kept:{lock} was lost");
+        let left = operator.lease_left(&format!("kept:{lock}")).await.unwrap();
+        let left = left.unwrap_or_else(|| panic!("kept:{lock} is no longer in Redis"));
+        assert!(left > lease / 3, "kept:{lock} had {left:?} left");
+    }
+
+    assert!(operator.force_unlock("kept:7").await.unwrap());
+    let taker = operator
+        .acquire("kept:7", &LockOptions::new().lease(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    tokio::time::timeout(lease, guards[7].lost())
+        .await
+        .expect("the lock taken away is known lost by its next renewal");
+    tokio::time::sleep(lease).await;
+    for (lock, guard) in guards.iter().enumerate().filter(|(lock, _)| *lock != 7) {
+        assert!(guard.is_held(), "kept:{lock} was lost with kept:7");
+    }
     let left = operator.lease_left("kept:7").await.unwrap().unwrap();
     assert!(
         left > Duration::from_secs(5),
