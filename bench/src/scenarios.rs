@@ -275,15 +275,26 @@ impl Participant {
                 take_turns(&peer, data, &key, counter.as_deref(), sections).await
             });
         }
+        // Gathered by a task on the runtime, not by this caller, which runs on a thread
+        // of its own: there, each task that ended woke that thread, a thread switch
+        // on the clients' core charged to the sections, once per task.
+        let gathering = tokio::spawn(async move {
+            let mut tally = Tally::default();
+            while let Some(joined) = running.join_next().await {
+                match joined {
+                    Ok(task) => tally.merge(task),
+                    Err(panicked) => tally.fail(format!("a task panicked: {panicked}")),
+                }
+            }
+            tally
+        });
         start.wait().await;
         let started = Instant::now();
-        let mut tally = Tally::default();
-        while let Some(joined) = running.join_next().await {
-            match joined {
-                Ok(task) => tally.merge(task),
-                Err(panicked) => tally.fail(format!("a task panicked: {panicked}")),
-            }
-        }
+        let mut tally = gathering.await.unwrap_or_else(|panicked| {
+            let mut tally = Tally::default();
+            tally.fail(format!("gathering the tasks panicked: {panicked}"));
+            tally
+        });
         let elapsed = started.elapsed();
         tally.usage = Usage::of_this_process()
             .zip(before)
