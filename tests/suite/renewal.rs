@@ -27,6 +27,38 @@ async fn hold(client: &LockClient, name: &str, locks: usize, lease: Duration) ->
     guards.into_iter().map(Option::unwrap).collect()
 }
 
+/// Another client takes `kept:7` from its holder in `guards`: the holder's next
+/// renewal is refused, within `lost_within`, and that lock alone is lost, the others
+/// on `lease` renewed on; the taker's lease is not touched by the stale holder's
+/// renewals.
+async fn only_the_lock_taken_away_is_lost(
+    operator: &LockClient,
+    guards: &[LockGuard],
+    lease: Duration,
+    lost_within: Duration,
+) {
+    assert!(operator.force_unlock("kept:7").await.unwrap());
+    let taker = operator
+        .acquire("kept:7", &LockOptions::new().lease(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    tokio::time::timeout(lost_within, guards[7].lost())
+        .await
+        .expect("the lock taken away is known lost by its next renewal");
+    assert!(taker.is_held());
+    tokio::time::sleep(lease).await;
+    for (lock, guard) in guards.iter().enumerate().filter(|(lock, _)| *lock != 7) {
+        assert!(guard.is_held(), "kept:{lock} was lost with kept:7");
+    }
+    assert!(!guards[7].is_held());
+    let left = operator.lease_left("kept:7").await.unwrap().unwrap();
+    assert!(
+        left > Duration::from_secs(5),
+        "the stale holder's renewals set the taker's lease to {left:?}"
+    );
+    taker.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_that_fall_due_together_are_renewed_in_one_request() {
     let redis = RedisServer::start();
@@ -52,28 +84,7 @@ async fn leases_that_fall_due_together_are_renewed_in_one_request() {
         assert!(left.is_some(), "kept:{lock} is no longer in Redis");
     }
 
-    // One lock taken from its holder by another: its renewal in the next request is
-    // refused, and it alone is lost.
-    assert!(operator.force_unlock("kept:7").await.unwrap());
-    let taker = operator
-        .acquire("kept:7", &LockOptions::new().lease(Duration::from_secs(10)))
-        .await
-        .unwrap();
-    tokio::time::timeout(lease / 2, guards[7].lost())
-        .await
-        .expect("the lock taken away is known lost by its next renewal");
-    assert!(taker.is_held());
-    tokio::time::sleep(lease).await;
-    for (lock, guard) in guards.iter().enumerate().filter(|(lock, _)| *lock != 7) {
-        assert!(guard.is_held(), "kept:{lock} was lost with kept:7");
-    }
-    assert!(!guards[7].is_held());
-    let left = operator.lease_left("kept:7").await.unwrap().unwrap();
-    assert!(
-        left > Duration::from_secs(5),
-        "the stale holder's renewals set the taker's lease to {left:?}"
-    );
-    taker.release().await.unwrap();
+    only_the_lock_taken_away_is_lost(&operator, &guards, lease, lease / 2).await;
 }
 
 /// On a Cluster the locks that fall due together lie in many hash slots, which one
@@ -103,24 +114,7 @@ async fn on_a_cluster_the_locks_of_many_slots_are_renewed_together_and_each_told
         assert!(left > lease / 3, "kept:{lock} had {left:?} left");
     }
 
-    assert!(operator.force_unlock("kept:7").await.unwrap());
-    let taker = operator
-        .acquire("kept:7", &LockOptions::new().lease(Duration::from_secs(10)))
-        .await
-        .unwrap();
-    tokio::time::timeout(lease, guards[7].lost())
-        .await
-        .expect("the lock taken away is known lost by its next renewal");
-    tokio::time::sleep(lease).await;
-    for (lock, guard) in guards.iter().enumerate().filter(|(lock, _)| *lock != 7) {
-        assert!(guard.is_held(), "kept:{lock} was lost with kept:7");
-    }
-    let left = operator.lease_left("kept:7").await.unwrap().unwrap();
-    assert!(
-        left > Duration::from_secs(5),
-        "the stale holder's renewals set the taker's lease to {left:?}"
-    );
-    taker.release().await.unwrap();
+    only_the_lock_taken_away_is_lost(&operator, &guards, lease, lease).await;
 }
 
 /// Leases of two lengths taken together fall due together (every 200 ms and every
