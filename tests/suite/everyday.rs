@@ -190,3 +190,39 @@ async fn a_renewal_of_a_lock_held_alone_needs_no_script_where_the_server_has_set
         .unwrap();
     assert!(held.extend(Duration::from_secs(20)).await.is_err());
 }
+
+#[tokio::test]
+async fn scripts_the_server_forgot_are_loaded_again() {
+    let redis = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    // Fencing takes the acquire script; the release is the script's compare-and-delete
+    // on Redis 7, the server's own where it has one.
+    let options = LockOptions::new()
+        .lease(Duration::from_secs(10))
+        .fencing(true);
+    let first = client.acquire("order:3", &options).await.unwrap();
+    let first_token = first.fencing_token().unwrap();
+    first.release().await.unwrap();
+    // As a restart, a failover or an operator leaves the server.
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query::<()>(&mut redis.connection())
+        .unwrap();
+    let loads = redis.calls("script|load");
+    let guard = client.acquire("order:3", &options).await.unwrap();
+    assert!(guard.fencing_token().unwrap() > first_token);
+    guard.release().await.unwrap();
+    assert_eq!(
+        client.lease_left("order:3").await.unwrap(),
+        None,
+        "released"
+    );
+    let native = ["delifeq", "delex"]
+        .into_iter()
+        .any(|command| redis.has_command(command));
+    assert_eq!(
+        redis.calls("script|load") - loads,
+        2 - u64::from(native),
+        "each script the server forgot is loaded once"
+    );
+}
