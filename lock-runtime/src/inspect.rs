@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
-    Pipeline, RedisError, RedisFuture, RedisResult, Script, Value,
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError,
+    RedisResult, Script, Value,
 };
 
-use crate::backend::{ScriptCall, Target, bounded};
+use crate::backend::{Connection, ScriptCall, Target, bounded};
 use crate::key::LockName;
 use crate::options::Kind;
 use crate::{ClientConfig, LockError};
@@ -66,7 +66,7 @@ return {time[1], time[2], kind, redis.call('PTTL', lock), holders,
 /// # }
 /// ```
 pub struct LockInspector {
-    connection: Shared,
+    connection: Connection,
     /// A Cluster's URLs: `SCAN` runs on each primary, reached with the first URL's
     /// credentials and TLS.
     cluster: Option<Vec<String>>,
@@ -217,7 +217,7 @@ impl LockInspector {
             .await
             .map_err(unreachable)?;
         Ok(LockInspector {
-            connection: Shared(Box::new(connection)),
+            connection,
             cluster,
             config,
         })
@@ -280,7 +280,7 @@ impl LockInspector {
         slots.arg("SLOTS");
         let slots = bounded(
             self.config.command_timeout,
-            slots.query_async::<Vec<Vec<Value>>>(&mut connection),
+            connection.query::<Vec<Vec<Value>>>(&slots),
         )
         .await?;
         let template = urls
@@ -525,44 +525,6 @@ fn open(info: ConnectionInfo, config: &ClientConfig) -> RedisResult<Client> {
 
 fn unreachable(source: RedisError) -> LockError {
     LockError::Backend { key: None, source }
-}
-
-/// The connection the lock client would use, whatever its kind.
-struct Shared(Box<dyn Reconnecting>);
-
-trait Reconnecting: ConnectionLike + Send + Sync {
-    fn duplicate(&self) -> Box<dyn Reconnecting>;
-}
-
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Reconnecting for C {
-    fn duplicate(&self) -> Box<dyn Reconnecting> {
-        Box::new(self.clone())
-    }
-}
-
-impl Clone for Shared {
-    fn clone(&self) -> Self {
-        Shared(self.0.duplicate())
-    }
-}
-
-impl ConnectionLike for Shared {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        self.0.req_packed_command(cmd)
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        self.0.req_packed_commands(pipeline, offset, count)
-    }
-
-    fn get_db(&self) -> i64 {
-        self.0.get_db()
-    }
 }
 
 #[cfg(test)]

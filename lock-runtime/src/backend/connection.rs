@@ -308,14 +308,14 @@ impl ScriptCall {
     /// or a failover wiped it).
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
-        connection: &mut impl ConnectionLike,
+        connection: &mut Connection,
     ) -> RedisResult<T> {
-        match self.command.query_async(connection).await {
+        match connection.query(&self.command).await {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // Boxed: the rare way, kept out of every call's future.
                 Box::pin(async {
                     self.script.load_async(connection).await?;
-                    self.command.query_async(connection).await
+                    connection.query(&self.command).await
                 })
                 .await
             }
@@ -409,7 +409,7 @@ fn replicas_per_slot(slots: Value) -> RedisResult<Vec<(u16, u16, usize)>> {
 
 /// The replicas connected to the primary now, from `ROLE`.
 async fn connected_replicas(connection: &mut Connection) -> RedisResult<usize> {
-    let role: Vec<Value> = redis::cmd("ROLE").query_async(connection).await?;
+    let role: Vec<Value> = connection.query(&redis::cmd("ROLE")).await?;
     match role.get(2) {
         Some(Value::Array(replicas)) => Ok(replicas.len()),
         _ => Ok(0),
@@ -434,6 +434,17 @@ async fn sentinel_replicas(url: &str, primary: &str, config: &ClientConfig) -> R
 }
 
 impl Connection {
+    /// `cmd`'s answer, as `query_async` would give it. On our own connection the
+    /// request is not boxed (`ConnectionLike` boxes every request): the caller's future
+    /// holds it, which spares the everyday acquire and release an allocation each.
+    pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
+        let answer = match self {
+            Connection::Own(own) => own.request(cmd).await,
+            connection => connection.req_packed_command(cmd).await,
+        };
+        Ok(redis::from_redis_value(answer?.extract_error()?)?)
+    }
+
     /// Sends `command` to the primary that serves `key`; on Cluster, a command with
     /// no key of its own (`WAIT`) goes there too.
     pub(crate) async fn on_primary_of(&mut self, key: &str, command: Cmd) -> RedisResult<Value> {
@@ -443,7 +454,7 @@ impl Connection {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(primary));
                 bounded(*limit, cluster.route_command(command, routing)).await
             }
-            connection => command.query_async(connection).await,
+            connection => connection.query(&command).await,
         }
     }
 
@@ -598,6 +609,23 @@ impl Reconnecting {
             // Boxed: connecting is rare, and its state would weigh on every call.
             None => Box::pin(bounded(self.shared.limit, self.connect())).await,
         }
+    }
+
+    /// Sends `cmd` on the current connection and waits for its answer, or until the
+    /// connection is found silent.
+    async fn request(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let Made {
+            number,
+            mut connection,
+            traffic,
+        } = self.current().await?;
+        // Before the request counts as waiting: the watcher's word is then not missed.
+        let silent = pin!(traffic.silent.notified());
+        let mut awaiting = self.awaiting(number, &traffic);
+        let answer = pin!(connection.send_packed_command(cmd));
+        let answer = unless_silent(answer, silent, self.shared.limit).await?;
+        awaiting.answered = true;
+        self.check(answer, number)
     }
 
     async fn connect(&self) -> RedisResult<Made> {
@@ -808,20 +836,7 @@ async fn resubscribe(connection: &Reconnecting, signals: &Signals) -> RedisResul
 
 impl ConnectionLike for Reconnecting {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move {
-            let Made {
-                number,
-                mut connection,
-                traffic,
-            } = self.current().await?;
-            // Before the request counts as waiting: the watcher's word is then not missed.
-            let silent = pin!(traffic.silent.notified());
-            let mut awaiting = self.awaiting(number, &traffic);
-            let answer = pin!(connection.send_packed_command(cmd));
-            let answer = unless_silent(answer, silent, self.shared.limit).await?;
-            awaiting.answered = true;
-            self.check(answer, number)
-        })
+        Box::pin(self.request(cmd))
     }
 
     fn req_packed_commands<'a>(

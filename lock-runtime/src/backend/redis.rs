@@ -187,11 +187,11 @@ impl RedisNode {
                 .arg(lease_ms(lease))
                 .arg("GET");
             let mut connection = self.connection.clone();
-            let answer = match set.query_async(&mut connection).await {
+            let answer = match connection.query(&set).await {
                 // Boxed, as the rare way: the first request's future holds no second.
                 Err(error) if error.is_connection_dropped() => {
                     let mut connection = self.connection.clone();
-                    Box::pin(set.query_async(&mut connection)).await
+                    Box::pin(connection.query(&set)).await
                 }
                 answer => answer,
             };
@@ -361,7 +361,7 @@ impl RedisNode {
         let deleted = self
             .idempotent(name, |mut connection| async move {
                 match deletion {
-                    Deletion::Native(command) => command.query_async::<i64>(&mut connection).await,
+                    Deletion::Native(command) => connection.query::<i64>(command).await,
                     Deletion::Script(invocation) => invocation.invoke(&mut connection).await,
                 }
             })
@@ -391,7 +391,7 @@ impl RedisNode {
         let mut connection = self.connection.clone();
         let mut get = redis::cmd("GET");
         get.arg(name.hash());
-        let value: Option<String> = self.run(name, get.query_async(&mut connection)).await?;
+        let value: Option<String> = self.run(name, connection.query(&get)).await?;
         Ok(value.as_deref() == Some(token))
     }
 
@@ -400,7 +400,7 @@ impl RedisNode {
         let mut connection = self.connection.clone();
         let mut pttl = redis::cmd("PTTL");
         pttl.arg(name.hash());
-        let pttl: i64 = self.run(name, pttl.query_async(&mut connection)).await?;
+        let pttl: i64 = self.run(name, connection.query(&pttl)).await?;
         Ok(match pttl {
             -2 => None,
             -1 => Some(Duration::MAX),
@@ -499,8 +499,7 @@ impl RedisNode {
         let set = &set;
         let answer = self
             .idempotent(name, |mut connection| async move {
-                set.query_async::<Option<redis::Value>>(&mut connection)
-                    .await
+                connection.query::<Option<redis::Value>>(set).await
             })
             .await;
         match answer {
@@ -698,7 +697,7 @@ async fn has_set_ifeq(connection: &mut Connection, limit: Duration) -> bool {
         .arg("IFEQ")
         .arg("probe")
         .arg("KEEPTTL");
-    let answer = bounded(limit, probe.query_async::<Option<redis::Value>>(connection)).await;
+    let answer = bounded(limit, connection.query::<Option<redis::Value>>(&probe)).await;
     answer.is_ok()
 }
 
@@ -757,7 +756,7 @@ async fn compare_and_delete(connection: &mut Connection, limit: Duration) -> Com
         let Deletion::Native(probe) = native.request("lock:{probe}", "probe") else {
             continue;
         };
-        if bounded(limit, probe.query_async::<i64>(connection))
+        if bounded(limit, connection.query::<i64>(&probe))
             .await
             .is_ok()
         {
@@ -789,11 +788,7 @@ fn is_syntax_error(error: &RedisError) -> bool {
 async fn warn_if_locks_may_be_evicted(connection: &mut Connection, limit: Duration) {
     let mut config = redis::cmd("CONFIG");
     config.arg("GET").arg("maxmemory*");
-    let Ok(settings) = bounded(
-        limit,
-        config.query_async::<HashMap<String, String>>(connection),
-    )
-    .await
+    let Ok(settings) = bounded(limit, connection.query::<HashMap<String, String>>(&config)).await
     else {
         return;
     };

@@ -128,7 +128,7 @@ impl Replication {
         if config.fsync {
             let mut waitaof = redis::cmd("WAITAOF");
             waitaof.arg(1).arg(0).arg(wait_ms);
-            let checked = bounded(limit, waitaof.query_async::<redis::Value>(&mut connection));
+            let checked = bounded(limit, connection.query::<redis::Value>(&waitaof));
             if let Err(error) = checked.await {
                 return Err(LockError::InvalidOptions {
                     key: String::new(),
