@@ -239,6 +239,23 @@ impl ScenarioResult {
             .map(|(kind, _)| kind)
     }
 
+    /// Why no lock could reach `at_least` times `kind`'s median here, if none could:
+    /// a hot key's sections run one at a time under any lock, so none passes the
+    /// serial limit, which runs them back to back with no lock at all.
+    fn beyond_the_serial_limit(&self, at_least: f64, kind: PeerKind) -> Option<String> {
+        let ceiling = self.peer(PeerKind::SerialLimit).best()?;
+        let asked = at_least * self.peer(kind).median()?;
+        (asked > ceiling).then(|| {
+            format!(
+                ": {} its median is {} sections/s, over the serial limit's best round \
+                 ({}/s), which no lock can pass, so no lock could meet it in this run",
+                ratio(at_least),
+                rate(asked),
+                rate(ceiling)
+            )
+        })
+    }
+
     /// This library's median over `kind`'s.
     fn ratio_to(&self, kind: PeerKind) -> Option<f64> {
         self.ratio(PeerKind::Library, kind)
@@ -703,7 +720,13 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
                 )
             }
         };
-        let (_, mut verdict) = settle(of_medians, &rounds, goal.at_least);
+        let (met, mut verdict) = settle(of_medians, &rounds, goal.at_least);
+        if let Some(beyond) = against
+            .filter(|&against| !met && against != PeerKind::SerialLimit)
+            .and_then(|against| result.beyond_the_serial_limit(goal.at_least, against))
+        {
+            verdict.push_str(&beyond);
+        }
         let gauge = result.gauge();
         if of_medians.is_some()
             && let Some(spread) = gauge.spread().filter(|&spread| spread > UNSTEADY)
@@ -1139,6 +1162,67 @@ fn today() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenarios::Tally;
+
+    /// A hot-key scenario whose implementations ran at these rates, one round each.
+    fn hot_key(rates: &[(PeerKind, u64)]) -> ScenarioResult {
+        let measured = |kind| Measured {
+            kind,
+            rounds: rates
+                .iter()
+                .filter(|(rated, _)| *rated == kind)
+                .map(|&(_, completed)| RunResult {
+                    tally: Tally {
+                        completed,
+                        ..Tally::default()
+                    },
+                    elapsed: Duration::from_secs(1),
+                    counter: None,
+                    redis_cpu: None,
+                })
+                .collect(),
+            counted: None,
+        };
+        ScenarioResult {
+            scenario: Scenario {
+                name: "Hot key".to_owned(),
+                slug: "hot-256",
+                processes: 1,
+                tasks: 256,
+                sections: 4,
+                contention: Contention::HotKey,
+                rounds: 1,
+            },
+            peers: PeerKind::ALL.into_iter().map(measured).collect(),
+        }
+    }
+
+    #[test]
+    fn a_goal_past_the_serial_limit_says_no_lock_could_meet_it() {
+        let result = hot_key(&[
+            (PeerKind::Library, 8_900),
+            (PeerKind::RslockFast, 2_000),
+            (PeerKind::SerialLimit, 9_000),
+        ]);
+        let beyond = result.beyond_the_serial_limit(5.0, PeerKind::RslockFast);
+        assert_eq!(
+            beyond.as_deref(),
+            Some(
+                ": 5.00× its median is 10,000 sections/s, over the serial limit's best round \
+                 (9,000/s), which no lock can pass, so no lock could meet it in this run"
+            )
+        );
+        assert_eq!(
+            result.beyond_the_serial_limit(4.0, PeerKind::RslockFast),
+            None
+        );
+        // Without a serial limit (the uncontended scenarios), nothing is said.
+        let uncontended = hot_key(&[(PeerKind::Library, 8_900), (PeerKind::RawCareful, 9_500)]);
+        assert_eq!(
+            uncontended.beyond_the_serial_limit(0.95, PeerKind::RawCareful),
+            None
+        );
+    }
 
     #[test]
     fn formats() {
