@@ -33,6 +33,12 @@ pub struct ServerVersion {
 /// Where a server's folder keeps what it logs.
 const LOG: &str = "server.log";
 
+/// How long the tests' own connection waits for a server to answer its handshake.
+/// Generous: on CI's two loaded cores a server once took over 2 s (the handshake's
+/// read timed out with "Resource temporarily unavailable"), which failed a test at
+/// its set-up rather than at anything it tests.
+const SETUP_ANSWER_BOUND: Duration = Duration::from_secs(10);
+
 /// A server of its own ([`server_binary`]), on a free loopback port, keeping nothing
 /// on disk unless asked. Killed, and its folder removed, when dropped.
 pub struct RedisServer {
@@ -303,7 +309,7 @@ impl RedisServer {
     /// A plain blocking connection, for setting up and inspecting state.
     pub fn connection(&self) -> redis::Connection {
         self.client_for(&self.url())
-            .get_connection_with_timeout(Duration::from_secs(2))
+            .get_connection_with_timeout(SETUP_ANSWER_BOUND)
             .expect("connect to the test server")
     }
 
