@@ -614,6 +614,16 @@ impl Reconnecting {
     /// Sends `cmd` on the current connection and waits for its answer, or until the
     /// connection is found silent.
     async fn request(&self, cmd: &Cmd) -> RedisResult<Value> {
+        self.on_current(async |connection| connection.send_packed_command(cmd).await)
+            .await
+    }
+
+    /// What `send` sends on the current connection, or an error once the connection
+    /// is found silent.
+    async fn on_current<T>(
+        &self,
+        send: impl AsyncFnOnce(&mut MultiplexedConnection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
         let Made {
             number,
             mut connection,
@@ -622,7 +632,7 @@ impl Reconnecting {
         // Before the request counts as waiting: the watcher's word is then not missed.
         let silent = pin!(traffic.silent.notified());
         let mut awaiting = self.awaiting(number, &traffic);
-        let answer = pin!(connection.send_packed_command(cmd));
+        let answer = pin!(send(&mut connection));
         let answer = unless_silent(answer, silent, self.shared.limit).await?;
         awaiting.answered = true;
         self.check(answer, number)
@@ -845,19 +855,11 @@ impl ConnectionLike for Reconnecting {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            let Made {
-                number,
-                mut connection,
-                traffic,
-            } = self.current().await?;
-            let silent = pin!(traffic.silent.notified());
-            let mut awaiting = self.awaiting(number, &traffic);
-            let answer = pin!(connection.send_packed_commands(pipeline, offset, count));
-            let answer = unless_silent(answer, silent, self.shared.limit).await?;
-            awaiting.answered = true;
-            self.check(answer, number)
-        })
+        Box::pin(self.on_current(async move |connection| {
+            connection
+                .send_packed_commands(pipeline, offset, count)
+                .await
+        }))
     }
 
     fn get_db(&self) -> i64 {
