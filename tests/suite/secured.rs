@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockOptions};
+use lock_runtime::{LockClient, LockError, LockInspector, LockOptions};
 use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
 use tokio::time::Instant;
 
@@ -30,6 +30,10 @@ const NEWER_SERVER_RULES: &str = "+client|setinfo +waitaof +delifeq +delex";
 
 /// What the ACL user needs in addition on a Cluster, as the README says.
 const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
+
+/// What the ACL user needs in addition for the operator's reads (`LockInspector`,
+/// `locks ls`), as the README says.
+const INSPECTOR_RULES: &str = "+scan";
 
 /// What the Sentinels' ACL user needs, as the README says.
 const SENTINEL_USER_RULES: &str =
@@ -260,8 +264,9 @@ fn the_readme_gives_the_tested_acl_line() {
     let older = format!("On Redis 7.0, leave out `{NEWER_SERVER_RULES}`");
     let valkey = "on Valkey 9, leave out `+delex`".to_owned();
     let cluster = format!("On a Cluster, add `{LOCK_USER_CLUSTER_RULES}`");
+    let inspector = format!("`locks ls`) add `{INSPECTOR_RULES}`");
     let sentinels = format!("`ACL SETUSER locks on >CHANGE-ME {SENTINEL_USER_RULES}`");
-    for told in [older, valkey, cluster, sentinels] {
+    for told in [older, valkey, cluster, inspector, sentinels] {
         assert!(readme.contains(&told), "the README does not say {told}");
     }
 }
@@ -334,6 +339,48 @@ async fn an_acl_user_with_only_the_needed_commands_does_everything() {
         .arg("orders")
         .query::<Option<String>>(&mut user);
     assert!(outside.is_err(), "the ACL user reads keys outside `lock:*`");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_reads_and_unlocks_as_the_acl_user() {
+    let redis = RedisServer::start_with_password("admin-pass", &[]);
+    let url = add_lock_user(&redis, INSPECTOR_RULES);
+    let holder = LockClient::connect(&url).await.unwrap();
+    let waiter = LockClient::connect(&url).await.unwrap();
+    let inspector = LockInspector::connect(&url).await.unwrap();
+    let options = LockOptions::new()
+        .fencing(true)
+        .lease(Duration::from_secs(10));
+    let _held = holder.acquire("order:9", &options).await.unwrap();
+    let waiting = {
+        let options = options.clone().timeout(Duration::from_secs(20));
+        tokio::spawn(async move { waiter.acquire("order:9", &options).await })
+    };
+    let listed = loop {
+        let listed = inspector.locks("order:").await.unwrap();
+        if listed.first().is_some_and(|lock| lock.queue.len() == 1) {
+            break listed;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let shown = inspector.lock("order:9").await.unwrap().unwrap();
+    assert_eq!(shown.holders.len(), 1, "{shown:?}");
+    assert_eq!(
+        shown.fence,
+        Some(1),
+        "the first fenced grant's counter: {shown:?}"
+    );
+    // `locks unlock`: the waiter is let in.
+    assert!(holder.force_unlock("order:9").await.unwrap());
+    let taken = waiting.await.unwrap().unwrap();
+    assert!(taken.is_held());
+    taken.release().await.unwrap();
+    let denied = denied(&redis);
+    assert!(
+        denied.is_empty(),
+        "the operator's reads used what the README's ACL line does not allow: {denied:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
