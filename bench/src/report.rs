@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::peers::{self, PeerKind};
 use crate::placement::Placement;
-use crate::scenarios::{Contention, Counted, RunResult, SETUP_COMMANDS, Scenario};
+use crate::scenarios::{Contention, Counted, RunResult, SETUP_COMMANDS, Scenario, Usage};
 use crate::stats::{Waits, lowest_and_highest, median};
 
 /// One implementation's runs of one scenario: the timed rounds and the counting pass.
@@ -108,41 +108,32 @@ impl Measured {
         )
     }
 
-    /// The median over the rounds of the client's thread switches per section.
-    fn switches_per_section(&self) -> Option<f64> {
-        let values: Vec<f64> = self
-            .rounds
-            .iter()
-            .filter(|run| run.tally.completed > 0)
-            .filter_map(|run| Some(run.tally.usage?.switches as f64 / run.tally.completed as f64))
-            .collect();
-        median(&values)
-    }
-
-    /// Its client CPU, Redis CPU, client thread switches and client allocations per
-    /// section, as table cells.
+    /// Its client CPU, Redis CPU, client thread switches, allocations and write system
+    /// calls per section, as table cells.
     fn cost_cells(&self) -> String {
         let (client_cpu, redis_cpu) = self.cpu_per_section();
         let na = || "n/a".to_owned();
-        let count = |n: f64| format!("{n:.1}");
+        let count = |of: fn(&Usage) -> u64| {
+            self.usage_per_section(of)
+                .map_or_else(na, |n| format!("{n:.1}"))
+        };
         format!(
-            "{} | {} | {} | {}",
+            "{} | {} | {} | {} | {}",
             client_cpu.map_or_else(na, micros),
             redis_cpu.map_or_else(na, micros),
-            self.switches_per_section().map_or_else(na, count),
-            self.allocations_per_section().map_or_else(na, count),
+            count(|usage| usage.switches),
+            count(|usage| usage.allocations),
+            count(|usage| usage.writes),
         )
     }
 
-    /// The median over the rounds of the client's heap allocations per section.
-    fn allocations_per_section(&self) -> Option<f64> {
+    /// The median over the rounds of a count of the client's `Usage` per section.
+    fn usage_per_section(&self, count: fn(&Usage) -> u64) -> Option<f64> {
         let values: Vec<f64> = self
             .rounds
             .iter()
             .filter(|run| run.tally.completed > 0)
-            .filter_map(|run| {
-                Some(run.tally.usage?.allocations as f64 / run.tally.completed as f64)
-            })
+            .filter_map(|run| Some(count(&run.tally.usage?) as f64 / run.tally.completed as f64))
             .collect();
         median(&values)
     }
@@ -762,15 +753,17 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
              Per acquire-and-release pair, medians of the timed rounds: the wall time of \
              each call, the CPU the client process and redis-server used, the times the \
              client's threads were put on a CPU (each one a thread woken or preempted), \
-             the client's heap allocations, and Redis's own time for the pair's commands \
-             (`INFO commandstats`, from the counting pass). Timers armed, by \
+             the client's heap allocations, the client's write system calls (each one \
+             sends what was queued on a socket: redis-rs's connection writes each \
+             request as it comes, on its own), and Redis's own time for the pair's \
+             commands (`INFO commandstats`, from the counting pass). Timers armed, by \
              construction rather than measured: lock-runtime none per request on its own \
              connection, which one watcher per connection looks at every quarter of the \
              bound (one per request on an application's `ConnectionManager` or a \
              Cluster); the careful raw protocol none; raw through a `ConnectionManager` \
              with a response timeout one per request.\n\n\
-             | Scenario | Implementation | Acquire p50 | Release p50 | Client CPU | Redis CPU | Thread switches | Allocations | Redis's time |\n\
-             |---|---|--:|--:|--:|--:|--:|--:|--:|"
+             | Scenario | Implementation | Acquire p50 | Release p50 | Client CPU | Redis CPU | Thread switches | Allocations | Writes | Redis's time |\n\
+             |---|---|--:|--:|--:|--:|--:|--:|--:|--:|"
         );
         for slug in ["uncontended-1", "uncontended-64"] {
             let Some(result) = self.result(slug) else {
@@ -806,8 +799,8 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
              measured as for the pair above. The serial limit is the section alone (its \
              GET and SET, two round trips) run by one task with no lock, so what a lock \
              adds to a section is its difference from that row.\n\n\
-             | Scenario | Implementation | Client CPU | Redis CPU | Thread switches | Allocations |\n\
-             |---|---|--:|--:|--:|--:|"
+             | Scenario | Implementation | Client CPU | Redis CPU | Thread switches | Allocations | Writes |\n\
+             |---|---|--:|--:|--:|--:|--:|"
         );
         for slug in ["hot-16", "hot-256", "hot-1000"] {
             let Some(result) = self.result(slug) else {

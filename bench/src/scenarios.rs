@@ -312,11 +312,14 @@ pub(crate) struct Usage {
     pub(crate) switches: u64,
     /// Heap allocations, by every thread of the process.
     pub(crate) allocations: u64,
+    /// Write system calls (`write`, `writev`, ...), by every thread of the process:
+    /// each one sends what was queued on a socket.
+    pub(crate) writes: u64,
 }
 
 impl Usage {
     /// From Linux's per-thread schedstat (nanoseconds on CPU, then time waiting,
-    /// then timeslices run); `None` elsewhere.
+    /// then timeslices run) and the process's I/O counts; `None` elsewhere.
     pub(crate) fn of_this_process() -> Option<Usage> {
         let mut usage = Usage::default();
         for thread in std::fs::read_dir("/proc/self/task").ok()? {
@@ -332,6 +335,12 @@ impl Usage {
             usage.switches += *fields.get(2)?;
         }
         usage.allocations = crate::ALLOCATOR.stats().allocations as u64;
+        let io = std::fs::read_to_string("/proc/self/io").ok()?;
+        usage.writes = io
+            .lines()
+            .find_map(|line| line.strip_prefix("syscw: "))?
+            .parse()
+            .ok()?;
         Some(usage)
     }
 
@@ -340,6 +349,7 @@ impl Usage {
             cpu: self.cpu.saturating_sub(earlier.cpu),
             switches: self.switches.saturating_sub(earlier.switches),
             allocations: self.allocations.saturating_sub(earlier.allocations),
+            writes: self.writes.saturating_sub(earlier.writes),
         }
     }
 
@@ -348,6 +358,7 @@ impl Usage {
             cpu: self.cpu + other.cpu,
             switches: self.switches + other.switches,
             allocations: self.allocations + other.allocations,
+            writes: self.writes + other.writes,
         }
     }
 }
@@ -715,11 +726,12 @@ pub(crate) fn format_done(tally: &Tally) -> String {
         .iter()
         .map(|wait| wait.as_micros().to_string())
         .collect();
-    let (cpu, switches, allocations) = tally.usage.map_or((-1, -1, -1), |usage| {
+    let (cpu, switches, allocations, writes) = tally.usage.map_or((-1, -1, -1, -1), |usage| {
         (
             usage.cpu.as_micros() as i64,
             usage.switches as i64,
             usage.allocations as i64,
+            usage.writes as i64,
         )
     });
     let ends: Vec<String> = tally
@@ -728,7 +740,7 @@ pub(crate) fn format_done(tally: &Tally) -> String {
         .map(|end| end.as_micros().to_string())
         .collect();
     format!(
-        "DONE {} {} {} {cpu} {switches} {allocations} {} {}",
+        "DONE {} {} {} {cpu} {switches} {allocations} {writes} {} {}",
         tally.completed,
         tally.increments,
         tally.failures,
@@ -744,11 +756,13 @@ fn parse_done(done: &str) -> Option<Tally> {
     let cpu: i64 = fields.next()?.parse().ok()?;
     let switches: i64 = fields.next()?.parse().ok()?;
     let allocations: i64 = fields.next()?.parse().ok()?;
+    let writes: i64 = fields.next()?.parse().ok()?;
     let usage = (|| {
         Some(Usage {
             cpu: Duration::from_micros(u64::try_from(cpu).ok()?),
             switches: u64::try_from(switches).ok()?,
             allocations: u64::try_from(allocations).ok()?,
+            writes: u64::try_from(writes).ok()?,
         })
     })();
     let mut durations = || {
@@ -792,6 +806,7 @@ mod tests {
                 cpu: Duration::from_micros(1_234),
                 switches: 56,
                 allocations: 789,
+                writes: 12,
             }),
             errors: Vec::new(),
         };
