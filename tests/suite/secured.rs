@@ -356,11 +356,16 @@ async fn the_operator_reads_and_unlocks_as_the_acl_user() {
         let options = options.clone().timeout(Duration::from_secs(20));
         tokio::spawn(async move { waiter.acquire("order:9", &options).await })
     };
+    let queued_by = Instant::now() + Duration::from_secs(10);
     let listed = loop {
         let listed = inspector.locks("order:").await.unwrap();
         if listed.first().is_some_and(|lock| lock.queue.len() == 1) {
             break listed;
         }
+        assert!(
+            Instant::now() < queued_by,
+            "the waiter never queued: {listed:?}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     assert_eq!(listed.len(), 1, "{listed:?}");
