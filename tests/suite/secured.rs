@@ -369,6 +369,7 @@ async fn the_operator_reads_and_unlocks_as_the_acl_user() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].key, "order:9");
     let shown = inspector.lock("order:9").await.unwrap().unwrap();
     assert_eq!(shown.holders.len(), 1, "{shown:?}");
     assert_eq!(
