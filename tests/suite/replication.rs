@@ -213,7 +213,9 @@ async fn a_primary_without_replicas_pays_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fsync_waits_for_the_append_only_file_where_the_server_has_it() {
-    let primary = RedisServer::start_with(&["--appendonly", "yes"]);
+    // With the default `appendfsync everysec`, WAITAOF waits for the next second's
+    // fsync, which the default 1 s `replica_timeout` can miss on a loaded machine.
+    let primary = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let version: String = redis::cmd("INFO")
         .arg("server")
         .query(&mut primary.connection())
