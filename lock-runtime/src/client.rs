@@ -107,7 +107,10 @@ impl ClientConfig {
     /// Whether each grant and renewal must also be written to the primary's
     /// append-only file on disk (`WAITAOF 1 0`), so that a restart without a
     /// failover cannot forget it. Needs Redis or Valkey 7.2 or newer with
-    /// `appendonly yes`; elsewhere connecting fails and says so. Off by default.
+    /// `appendonly yes`; elsewhere connecting fails and says so. Run the server with
+    /// `appendfsync always` too: under the default `everysec`, each grant waits for
+    /// the next second's fsync, and a busy server misses the
+    /// [`replica_timeout`](Self::replica_timeout). Off by default.
     pub fn fsync(mut self, fsync: bool) -> Self {
         self.fsync = fsync;
         self

@@ -51,13 +51,16 @@ pub enum LockError {
         granted: usize,
         needed: usize,
     },
-    /// The lock was granted, but fewer replicas than the client requires confirmed
-    /// it in time, so it was given back: a failover could have granted it again.
+    /// A grant or renewal was not confirmed in time: fewer replicas than the client
+    /// requires had it, so a failover could grant the lock again, or, with
+    /// `ClientConfig::fsync`, the primary's append-only file did not (`on_disk`). A
+    /// grant is then given back; a renewal extends nothing the holder counts on.
     #[non_exhaustive]
     Replication {
         key: String,
         acknowledged: usize,
         required: usize,
+        on_disk: Option<bool>,
     },
 }
 
@@ -167,13 +170,33 @@ impl fmt::Display for LockError {
                 key,
                 acknowledged,
                 required,
-            } => write!(
-                f,
-                "lock {} was granted but only {acknowledged} of the {required} required replicas \
-                 confirmed it in time, so it was given back; check the replicas' links, or lower \
-                 `ClientConfig::replicas` (0 chooses availability over failover safety)",
-                Shown(key)
-            ),
+                on_disk,
+            } => {
+                let mut missing = Vec::new();
+                if acknowledged < required {
+                    missing.push(format!(
+                        "only {acknowledged} of the {required} required replicas had it (check \
+                         the replicas' links, or lower `ClientConfig::replicas`: 0 chooses \
+                         availability over failover safety)"
+                    ));
+                }
+                if *on_disk == Some(false) {
+                    missing.push(
+                        "the primary had not written it to its append-only file (run the \
+                         primary with `appendfsync always`: under `everysec` a write waits up to \
+                         a second for its fsync, under `no` for ever; or raise \
+                         `ClientConfig::replica_timeout`)"
+                            .to_owned(),
+                    );
+                }
+                write!(
+                    f,
+                    "lock {} was not confirmed in time, so its grant was given back or its \
+                     renewal extended nothing: {}",
+                    Shown(key),
+                    missing.join("; and ")
+                )
+            }
         }
     }
 }

@@ -82,14 +82,20 @@ async fn a_grant_counts_only_once_the_replica_has_it() {
         key,
         acknowledged,
         required,
+        on_disk,
         ..
     } = &refused
     else {
         panic!("expected a replication error, got {refused:?}");
     };
     assert_eq!(
-        (key.as_str(), *acknowledged, *required),
-        ("invoice:8", 0, 1)
+        (key.as_str(), *acknowledged, *required, *on_disk),
+        ("invoice:8", 0, 1, None)
+    );
+    let said = refused.to_string();
+    assert!(
+        said.contains("only 0 of the 1 required replicas") && !said.contains("append-only"),
+        "{said}"
     );
     assert!(
         started.elapsed() < Duration::from_secs(2),
@@ -216,22 +222,9 @@ async fn fsync_waits_for_the_append_only_file_where_the_server_has_it() {
     // With the default `appendfsync everysec`, WAITAOF waits for the next second's
     // fsync, which the default 1 s `replica_timeout` can miss on a loaded machine.
     let primary = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
-    let version: String = redis::cmd("INFO")
-        .arg("server")
-        .query(&mut primary.connection())
-        .unwrap();
-    let has_waitaof = version
-        .lines()
-        .find_map(|line| line.strip_prefix("redis_version:"))
-        .map(|version| {
-            let mut parts = version.trim().split('.').map(|part| part.parse::<u32>());
-            let (major, minor) = (parts.next(), parts.next());
-            matches!((major, minor), (Some(Ok(major)), Some(Ok(minor))) if (major, minor) >= (7, 2))
-        })
-        .unwrap_or(false);
     let config = ClientConfig::new().fsync(true);
     let connected = LockClient::connect_with(&primary.url(), config.clone()).await;
-    if has_waitaof {
+    if has_waitaof(&primary) {
         let client = connected.expect("the server has WAITAOF and an append-only file");
         let guard = client.acquire("payout", &LockOptions::new()).await.unwrap();
         guard.release().await.unwrap();
@@ -252,4 +245,62 @@ async fn fsync_waits_for_the_append_only_file_where_the_server_has_it() {
         .await
         .expect_err("no append-only file to wait for");
     assert!(refused.to_string().contains("appendonly"), "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_missing_from_the_disk_says_to_fsync_always() {
+    // Under `appendfsync no` the primary never fsyncs, so no grant ever reaches disk.
+    let primary = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "no"]);
+    if !has_waitaof(&primary) {
+        return;
+    }
+    let config = ClientConfig::new()
+        .fsync(true)
+        .replica_timeout(Duration::from_millis(100));
+    let client = LockClient::connect_with(&primary.url(), config)
+        .await
+        .unwrap();
+    let refused = client
+        .acquire("payout:2", &LockOptions::new().retries(1))
+        .await
+        .expect_err("the disk never has the grant");
+    let LockError::Replication {
+        key,
+        acknowledged,
+        required,
+        on_disk,
+        ..
+    } = &refused
+    else {
+        panic!("expected a replication error, got {refused:?}");
+    };
+    assert_eq!(
+        (key.as_str(), *acknowledged, *required, *on_disk),
+        ("payout:2", 0, 0, Some(false))
+    );
+    let said = refused.to_string();
+    assert!(
+        said.contains("appendfsync always") && !said.contains("replicas had it"),
+        "says what to change, and not that replicas were missing: {said}"
+    );
+    assert!(
+        !client.is_locked("payout:2").await.unwrap(),
+        "the grant was given back"
+    );
+}
+
+/// Whether the server has `WAITAOF` (Redis and Valkey 7.2 and newer).
+fn has_waitaof(server: &RedisServer) -> bool {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut server.connection())
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .map(|version| {
+            let mut parts = version.trim().split('.').map(|part| part.parse::<u32>());
+            let (major, minor) = (parts.next(), parts.next());
+            matches!((major, minor), (Some(Ok(major)), Some(Ok(minor))) if (major, minor) >= (7, 2))
+        })
+        .unwrap_or(false)
 }

@@ -69,17 +69,7 @@ pub(super) async fn until_granted(
                 });
             }
             Attempt::Busy { retry_in, .. } => (retry_in, None),
-            Attempt::Unreplicated {
-                acknowledged,
-                required,
-            } => {
-                let error = LockError::Replication {
-                    key: name.key().to_owned(),
-                    acknowledged,
-                    required,
-                };
-                (None, Some(error))
-            }
+            Attempt::Unreplicated(shortfall) => (None, Some(shortfall.error(name.key()))),
             Attempt::Clash { held_as } => return Err(clash(&name, held_as, plan.kind)),
         };
         if join.is_some() && place.is_none() {

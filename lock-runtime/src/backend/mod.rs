@@ -26,6 +26,7 @@ pub(crate) use self::memory::MemoryStore;
 pub(crate) use self::redis::RedisNode;
 pub use self::redis::script_hashes;
 pub(crate) use self::redlock::Redlock;
+pub(crate) use self::replication::Shortfall;
 pub(crate) use self::signals::Signals;
 use crate::LockError;
 use crate::key::LockName;
@@ -46,12 +47,9 @@ pub(crate) enum Attempt {
     /// The lock is held as a kind the attempt's kind never shares it with: a lock
     /// and a semaphore, or semaphores of different sizes.
     Clash { held_as: Kind },
-    /// The lock was granted, but fewer replicas than required had it in time, so it
-    /// was given back.
-    Unreplicated {
-        acknowledged: usize,
-        required: usize,
-    },
+    /// The lock was granted, but fewer replicas than required had it in time, or
+    /// the primary's disk did not, so it was given back.
+    Unreplicated(Shortfall),
 }
 
 /// A lease to renew: the lock, the token that should hold it, and the lease to give.

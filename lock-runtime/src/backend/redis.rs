@@ -296,15 +296,9 @@ impl RedisNode {
                 retry_in: None,
                 fence: None,
             }),
-            Confirmed::Short {
-                acknowledged,
-                required,
-            } => {
+            Confirmed::Short(shortfall) => {
                 Box::pin(self.release(name, token, Waiters::Queue)).await?;
-                Ok(Attempt::Unreplicated {
-                    acknowledged,
-                    required,
-                })
+                Ok(Attempt::Unreplicated(shortfall))
             }
         }
     }
@@ -466,14 +460,7 @@ impl RedisNode {
         match confirmed.map_err(|source| LockError::backend(name.key(), source))? {
             Confirmed::Yes => Ok(true),
             Confirmed::NotHeld => Ok(false),
-            Confirmed::Short {
-                acknowledged,
-                required,
-            } => Err(LockError::Replication {
-                key: name.key().to_owned(),
-                acknowledged,
-                required,
-            }),
+            Confirmed::Short(shortfall) => Err(shortfall.error(name.key())),
         }
     }
 
@@ -594,14 +581,7 @@ impl RedisNode {
             answers[i] = match confirmed {
                 Ok(Confirmed::Yes) => Ok(true),
                 Ok(Confirmed::NotHeld) => Ok(false),
-                Ok(Confirmed::Short {
-                    acknowledged,
-                    required,
-                }) => Err(LockError::Replication {
-                    key: key.to_owned(),
-                    acknowledged,
-                    required,
-                }),
+                Ok(Confirmed::Short(shortfall)) => Err(shortfall.error(key)),
                 Err(source) => Err(LockError::backend(key, source)),
             };
         }

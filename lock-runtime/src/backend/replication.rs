@@ -34,11 +34,28 @@ pub(crate) enum Confirmed {
     /// The token no longer holds the lock.
     NotHeld,
     /// Fewer replicas than required acknowledged it in time, or it was not written
-    /// to disk in time (`acknowledged` then counts the replicas all the same).
-    Short {
-        acknowledged: usize,
-        required: usize,
-    },
+    /// to disk in time.
+    Short(Shortfall),
+}
+
+/// What a grant or renewal that was not confirmed lacked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shortfall {
+    acknowledged: usize,
+    required: usize,
+    /// Whether the primary's append-only file had it, where `fsync` asks.
+    on_disk: Option<bool>,
+}
+
+impl Shortfall {
+    pub(crate) fn error(self, key: &str) -> LockError {
+        LockError::Replication {
+            key: key.to_owned(),
+            acknowledged: self.acknowledged,
+            required: self.required,
+            on_disk: self.on_disk,
+        }
+    }
 }
 
 pub(crate) struct Replication {
@@ -288,7 +305,7 @@ impl Rounds {
 
     /// How many replicas acknowledged the group's slot's writes, and whether the
     /// primary wrote them to disk, where that is asked for.
-    async fn wait(&self, group: &[Request]) -> RedisResult<(usize, bool)> {
+    async fn wait(&self, group: &[Request]) -> RedisResult<(usize, Option<bool>)> {
         let lock = &group[0].lock;
         let required = group.iter().map(|request| request.required).max();
         let mut connection = self.connection.clone();
@@ -299,15 +316,15 @@ impl Rounds {
             let waited = bounded(self.limit, connection.on_primary_of(lock, wait)).await?;
             acknowledged = redis::from_redis_value(waited)?;
         }
-        let mut fsynced = true;
+        let mut on_disk = None;
         if self.fsync {
             let mut waitaof = redis::cmd("WAITAOF");
             waitaof.arg(1).arg(0).arg(self.wait_ms);
             let waited = bounded(self.limit, connection.on_primary_of(lock, waitaof)).await?;
             let (local, _replicas): (usize, usize) = redis::from_redis_value(waited)?;
-            fsynced = local >= 1;
+            on_disk = Some(local >= 1);
         }
-        Ok((acknowledged, fsynced))
+        Ok((acknowledged, on_disk))
     }
 }
 
@@ -318,15 +335,22 @@ fn answer_each(group: Vec<Request>, answer: impl Fn(&Request) -> RedisResult<Con
     }
 }
 
-fn answer_each_held(group: Vec<Request>, held: &[bool], waited: RedisResult<(usize, bool)>) {
+fn answer_each_held(
+    group: Vec<Request>,
+    held: &[bool],
+    waited: RedisResult<(usize, Option<bool>)>,
+) {
     for (request, &held) in group.into_iter().zip(held) {
         let answer = match &waited {
             _ if !held => Ok(Confirmed::NotHeld),
-            Ok((acknowledged, true)) if *acknowledged >= request.required => Ok(Confirmed::Yes),
-            Ok((acknowledged, _)) => Ok(Confirmed::Short {
-                acknowledged: *acknowledged,
+            Ok((acknowledged, None | Some(true))) if *acknowledged >= request.required => {
+                Ok(Confirmed::Yes)
+            }
+            &Ok((acknowledged, on_disk)) => Ok(Confirmed::Short(Shortfall {
+                acknowledged,
                 required: request.required,
-            }),
+                on_disk,
+            })),
             Err(error) => Err(copy(error)),
         };
         let _ = request.answer.send(answer);
