@@ -238,6 +238,14 @@ fn add_lock_user(redis: &RedisServer, rules: &str) -> String {
     redis.url_as("locks", "locks-pass")
 }
 
+fn assert_nothing_denied(redis: &RedisServer, who: &str) {
+    let denied = denied(redis);
+    assert!(
+        denied.is_empty(),
+        "{who} used commands, keys or channels its user's ACL rules do not allow: {denied:?}"
+    );
+}
+
 /// The commands, keys and channels the server refused to anyone since it started,
 /// but for `CONFIG GET`: the client's check of the eviction policy may be refused.
 fn denied(redis: &RedisServer) -> Vec<redis::Value> {
@@ -311,11 +319,7 @@ async fn an_acl_user_with_only_the_needed_commands_does_everything() {
     assert!(successor.is_held());
     successor.release().await.unwrap();
 
-    let denied = denied(&redis);
-    assert!(
-        denied.is_empty(),
-        "the library used commands, keys or channels the README's ACL line does not allow: {denied:?}"
-    );
+    assert_nothing_denied(&redis, "the library");
     let mut admin = redis.connection();
     // The locks live in the URL's database, and the user is limited as meant.
     let fence_in = |db: i64, admin: &mut redis::Connection| -> Option<u64> {
@@ -382,11 +386,7 @@ async fn the_operator_reads_and_unlocks_as_the_acl_user() {
     let taken = waiting.await.unwrap().unwrap();
     assert!(taken.is_held());
     taken.release().await.unwrap();
-    let denied = denied(&redis);
-    assert!(
-        denied.is_empty(),
-        "the operator's reads used what the README's ACL line does not allow: {denied:?}"
-    );
+    assert_nothing_denied(&redis, "the operator's reads");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -554,11 +554,7 @@ async fn a_cluster_takes_the_acl_user_from_its_urls() {
     let second = LockClient::cluster(&urls).await.unwrap();
     exclude_and_wake(&first, &second, &cluster.servers.iter().collect::<Vec<_>>()).await;
     for server in &cluster.servers {
-        let denied = denied(server);
-        assert!(
-            denied.is_empty(),
-            "a Cluster node refused the library: {denied:?}"
-        );
+        assert_nothing_denied(server, "the library on a Cluster node");
     }
 }
 
@@ -632,11 +628,7 @@ async fn sentinel_with_acl_users() {
         .iter()
         .chain([&group.primary, &group.replica])
     {
-        let denied = denied(server);
-        assert!(
-            denied.is_empty(),
-            "a server or Sentinel refused the library: {denied:?}"
-        );
+        assert_nothing_denied(server, "the library on a server or Sentinel");
     }
 }
 
