@@ -78,20 +78,7 @@ async fn a_grant_counts_only_once_the_replica_has_it() {
         .acquire("invoice:8", &LockOptions::new().retries(1))
         .await
         .expect_err("no replica confirms the grant");
-    let LockError::Replication {
-        key,
-        acknowledged,
-        required,
-        on_disk,
-        ..
-    } = &refused
-    else {
-        panic!("expected a replication error, got {refused:?}");
-    };
-    assert_eq!(
-        (key.as_str(), *acknowledged, *required, *on_disk),
-        ("invoice:8", 0, 1, None)
-    );
+    assert_eq!(shortfall(&refused), ("invoice:8", 0, 1, None));
     let said = refused.to_string();
     assert!(
         said.contains("only 0 of the 1 required replicas") && !said.contains("append-only"),
@@ -264,20 +251,7 @@ async fn a_grant_missing_from_the_disk_says_to_fsync_always() {
         .acquire("payout:2", &LockOptions::new().retries(1))
         .await
         .expect_err("the disk never has the grant");
-    let LockError::Replication {
-        key,
-        acknowledged,
-        required,
-        on_disk,
-        ..
-    } = &refused
-    else {
-        panic!("expected a replication error, got {refused:?}");
-    };
-    assert_eq!(
-        (key.as_str(), *acknowledged, *required, *on_disk),
-        ("payout:2", 0, 0, Some(false))
-    );
+    assert_eq!(shortfall(&refused), ("payout:2", 0, 0, Some(false)));
     let said = refused.to_string();
     assert!(
         said.contains("appendfsync always") && !said.contains("replicas had it"),
@@ -287,6 +261,21 @@ async fn a_grant_missing_from_the_disk_says_to_fsync_always() {
         !client.is_locked("payout:2").await.unwrap(),
         "the grant was given back"
     );
+}
+
+/// What a replication error names: the key, the replicas that acknowledged and
+/// were required, and whether the primary's disk had it.
+fn shortfall(error: &LockError) -> (&str, usize, usize, Option<bool>) {
+    match error {
+        LockError::Replication {
+            key,
+            acknowledged,
+            required,
+            on_disk,
+            ..
+        } => (key, *acknowledged, *required, *on_disk),
+        other => panic!("expected a replication error, got {other:?}"),
+    }
 }
 
 /// Whether the server has `WAITAOF` (Redis and Valkey 7.2 and newer).
