@@ -5,6 +5,7 @@ mod attribute;
 mod behaviour;
 mod chaos;
 mod cluster;
+mod connection;
 mod crash;
 mod everyday;
 mod failover;

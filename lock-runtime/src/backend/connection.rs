@@ -30,6 +30,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Timeout;
 
+use super::pipe::Pipe;
 use super::signals::Signals;
 use crate::ClientConfig;
 use crate::key::slot;
@@ -264,7 +265,8 @@ impl Target {
                 let connection = Reconnecting::new(
                     Source::Sentinel(Arc::new(tokio::sync::Mutex::new(sentinel))),
                     connection_config(config).set_push_sender(pushes),
-                    config.command_timeout,
+                    config,
+                    false,
                 );
                 connection.current().await?;
                 let following = Arc::downgrade(&connection.shared);
@@ -460,7 +462,7 @@ impl Connection {
 
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
-            Connection::Own(own) => own.current().await?.connection.subscribe(channel).await,
+            Connection::Own(own) => own.current().await?.link.subscribe(channel).await,
             Connection::Manager { manager, .. } => manager.subscribe(channel).await,
             Connection::Cluster { cluster, .. } => cluster.ssubscribe(channel).await,
         }
@@ -468,7 +470,7 @@ impl Connection {
 
     pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
-            Connection::Own(own) => own.current().await?.connection.unsubscribe(channel).await,
+            Connection::Own(own) => own.current().await?.link.unsubscribe(channel).await,
             Connection::Manager { manager, .. } => manager.unsubscribe(channel).await,
             Connection::Cluster { cluster, .. } => cluster.sunsubscribe(channel).await,
         }
@@ -519,7 +521,8 @@ impl ConnectionLike for Connection {
 /// A connection to one server, or to the primary that Sentinel names now. When it
 /// stops answering, or its server turns read-only (a demoted primary), the next call
 /// connects again, asking Sentinel where. Lighter than a `ConnectionManager` on
-/// every call: no shared future to clone, and the connection's own, not boxed twice.
+/// every call: no shared future to clone, and the connection's own, not boxed twice;
+/// for requests, our own `Pipe` unless the server is reached over TLS.
 ///
 /// Its requests are bounded without a timer each: a connection that has answered
 /// nothing for the bound while a request waited has its waiting requests given up on
@@ -531,7 +534,11 @@ pub(crate) struct Reconnecting {
 
 struct ReconnectingShared {
     source: Source,
+    /// How redis-rs' connection is made, where ours is not: over TLS, or for pushes.
     config: AsyncConnectionConfig,
+    /// Whether the connections carry only requests, which ours can.
+    requests_only: bool,
+    connect_timeout: Duration,
     /// How long a request, or a connection's silence while one waits, may last.
     limit: Duration,
     /// Whether a probe is out to learn whether the connection still answers.
@@ -556,8 +563,68 @@ struct Slot {
 #[derive(Clone)]
 struct Made {
     number: u64,
-    connection: MultiplexedConnection,
+    link: Link,
     traffic: Arc<Traffic>,
+}
+
+/// A connection made: ours, or redis-rs' where ours cannot go.
+#[derive(Clone)]
+enum Link {
+    Pipe(Pipe),
+    Redis(MultiplexedConnection),
+}
+
+impl Link {
+    async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Link::Pipe(pipe) => pipe.send(cmd).await,
+            Link::Redis(connection) => connection.send_packed_command(cmd).await,
+        }
+    }
+
+    async fn send_many(
+        &mut self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Link::Pipe(pipe) => pipe.send_many(pipeline, offset, count).await,
+            Link::Redis(connection) => {
+                connection
+                    .send_packed_commands(pipeline, offset, count)
+                    .await
+            }
+        }
+    }
+
+    fn db(&self) -> i64 {
+        match self {
+            Link::Pipe(pipe) => pipe.db(),
+            Link::Redis(connection) => connection.get_db(),
+        }
+    }
+
+    async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Link::Redis(connection) => connection.subscribe(channel).await,
+            Link::Pipe(_) => Err(not_a_subscriber()),
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Link::Redis(connection) => connection.unsubscribe(channel).await,
+            Link::Pipe(_) => Err(not_a_subscriber()),
+        }
+    }
+}
+
+fn not_a_subscriber() -> RedisError {
+    RedisError::from((
+        ErrorKind::InvalidClientConfig,
+        "a connection for requests does not subscribe",
+    ))
 }
 
 /// The requests on one connection, counted so that its watcher tells a silent
@@ -586,15 +653,24 @@ impl Reconnecting {
         let connecting = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
             .set_response_timeout(None);
-        Self::new(source, connecting, config.command_timeout)
+        Self::new(source, connecting, config, true)
     }
 
-    fn new(source: Source, config: AsyncConnectionConfig, limit: Duration) -> Reconnecting {
+    /// Connections made with `connecting` where redis-rs' are: over TLS, or, unless
+    /// they carry only requests, everywhere.
+    fn new(
+        source: Source,
+        connecting: AsyncConnectionConfig,
+        config: &ClientConfig,
+        requests_only: bool,
+    ) -> Reconnecting {
         Reconnecting {
             shared: Arc::new(ReconnectingShared {
                 source,
-                config,
-                limit,
+                config: connecting,
+                requests_only,
+                connect_timeout: config.connect_timeout,
+                limit: config.command_timeout,
                 probing: AtomicBool::new(false),
                 slot: RwLock::default(),
                 connecting: tokio::sync::Mutex::default(),
@@ -614,25 +690,24 @@ impl Reconnecting {
     /// Sends `cmd` on the current connection and waits for its answer, or until the
     /// connection is found silent.
     async fn request(&self, cmd: &Cmd) -> RedisResult<Value> {
-        self.on_current(async |connection| connection.send_packed_command(cmd).await)
-            .await
+        self.on_current(async |link| link.send(cmd).await).await
     }
 
     /// What `send` sends on the current connection, or an error once the connection
     /// is found silent.
     async fn on_current<T>(
         &self,
-        send: impl AsyncFnOnce(&mut MultiplexedConnection) -> RedisResult<T>,
+        send: impl AsyncFnOnce(&mut Link) -> RedisResult<T>,
     ) -> RedisResult<T> {
         let Made {
             number,
-            mut connection,
+            mut link,
             traffic,
         } = self.current().await?;
         // Before the request counts as waiting: the watcher's word is then not missed.
         let silent = pin!(traffic.silent.notified());
         let mut awaiting = self.awaiting(number, &traffic);
-        let answer = pin!(send(&mut connection));
+        let answer = pin!(send(&mut link));
         let answer = unless_silent(answer, silent, self.shared.limit).await?;
         awaiting.answered = true;
         self.check(answer, number)
@@ -648,16 +723,23 @@ impl Reconnecting {
             Source::Server(client) => (**client).clone(),
             Source::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await?,
         };
-        let connection = client
-            .get_multiplexed_async_connection_with_config(&shared.config)
-            .await?;
+        let info = client.get_connection_info();
+        let link = if shared.requests_only && Pipe::reaches(info) {
+            Link::Pipe(Pipe::connect(info, shared.connect_timeout).await?)
+        } else {
+            Link::Redis(
+                client
+                    .get_multiplexed_async_connection_with_config(&shared.config)
+                    .await?,
+            )
+        };
         let traffic = Arc::new(Traffic::default());
         let made = {
             let mut slot = self.write_slot();
             slot.made += 1;
             let made = Made {
                 number: slot.made,
-                connection,
+                link,
                 traffic,
             };
             slot.current = Some(made.clone());
@@ -721,7 +803,7 @@ impl Reconnecting {
     /// leave denials in `ACL LOG`; any answer, even a refusal, says the connection is
     /// alive.
     fn given_up_on(&self, number: u64) {
-        let Some(Made { connection, .. }) = self
+        let Some(Made { link, .. }) = self
             .read_slot()
             .current
             .clone()
@@ -737,9 +819,9 @@ impl Reconnecting {
         }
         let this = self.clone();
         runtime.spawn(async move {
-            let mut connection = connection;
+            let mut link = link;
             let probe = redis::cmd("TIME");
-            let mut answer = pin!(probe.query_async::<Value>(&mut connection));
+            let mut answer = pin!(link.send(&probe));
             let answered = tokio::time::timeout(this.shared.limit, &mut answer).await;
             let alive = match &answered {
                 Ok(Ok(_)) => true,
@@ -837,7 +919,7 @@ async fn resubscribe_after_drops(
 }
 
 async fn resubscribe(connection: &Reconnecting, signals: &Signals) -> RedisResult<()> {
-    let mut current = connection.current().await?.connection;
+    let mut current = connection.current().await?.link;
     for channel in signals.channels() {
         current.subscribe(&channel).await?;
     }
@@ -855,18 +937,14 @@ impl ConnectionLike for Reconnecting {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(self.on_current(async move |connection| {
-            connection
-                .send_packed_commands(pipeline, offset, count)
-                .await
-        }))
+        Box::pin(self.on_current(async move |link| link.send_many(pipeline, offset, count).await))
     }
 
     fn get_db(&self) -> i64 {
         self.read_slot()
             .current
             .as_ref()
-            .map_or(0, |made| made.connection.get_db())
+            .map_or(0, |made| made.link.db())
     }
 }
 

@@ -9,6 +9,7 @@
 mod background;
 mod connection;
 mod memory;
+mod pipe;
 mod redis;
 mod redlock;
 mod replication;

@@ -1,0 +1,599 @@
+//! Our own pipelined connection to one server, over TCP or a Unix socket, for the
+//! lock's requests. redis-rs' multiplexed connection hands every request to a task
+//! of its own through a channel, in a buffer of its own, and parses every answer
+//! with a general parser: that was half the client's work on the everyday acquire
+//! and release. Here a request is written in place into the connection's buffer,
+//! and onto the socket at once when nothing else is in flight; one task writes what
+//! queues up behind it and reads the answers, which come in the order sent.
+//!
+//! It speaks RESP2 and carries no pushes: TLS and subscribers stay on redis-rs'.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
+use tokio::net::TcpStream;
+#[cfg(unix)]
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+
+/// A handle on the connection; the connection closes with its last handle.
+#[derive(Clone)]
+pub(crate) struct Pipe {
+    handle: Arc<Handle>,
+    db: i64,
+}
+
+struct Handle(Arc<Shared>);
+
+struct Shared {
+    stream: Stream,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Requests not yet on the socket, in the order they were made.
+    unsent: Vec<u8>,
+    /// Who waits for the next answers, in the order their requests were sent.
+    waiting: VecDeque<Waiter>,
+    /// Why the connection can no longer be used, once it cannot.
+    broken: Option<(io::ErrorKind, String)>,
+    /// The task that writes and reads, to wake when requests queue up.
+    driver: Option<Waker>,
+}
+
+enum Waiter {
+    One(oneshot::Sender<RedisResult<Value>>),
+    /// A pipeline's answers: the first `skip` are dropped, and `left` more are due.
+    Many {
+        skip: usize,
+        left: usize,
+        answers: Vec<Value>,
+        reply: oneshot::Sender<RedisResult<Vec<Value>>>,
+    },
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(UnixStream),
+}
+
+impl Pipe {
+    /// Whether `info` is a connection this one can make: not TLS.
+    pub(crate) fn reaches(info: &ConnectionInfo) -> bool {
+        !matches!(info.addr(), ConnectionAddr::TcpTls { .. })
+    }
+
+    /// Connects, then authenticates and selects the database as redis-rs would.
+    pub(crate) async fn connect(info: &ConnectionInfo, timeout: Duration) -> RedisResult<Pipe> {
+        let stream = tokio::time::timeout(timeout, Stream::connect(info))
+            .await
+            .map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("could not connect in {} ms", timeout.as_millis()),
+                )
+            })??;
+        let shared = Arc::new(Shared {
+            stream,
+            state: Mutex::default(),
+        });
+        tokio::spawn(drive(shared.clone()));
+        let pipe = Pipe {
+            handle: Arc::new(Handle(shared)),
+            db: info.redis_settings().db(),
+        };
+        pipe.set_up(info).await?;
+        Ok(pipe)
+    }
+
+    async fn set_up(&self, info: &ConnectionInfo) -> RedisResult<()> {
+        let settings = info.redis_settings();
+        let mut setup = redis::pipe();
+        if let Some(password) = settings.password() {
+            setup.cmd("AUTH");
+            if let Some(user) = settings.username() {
+                setup.arg(user);
+            }
+            setup.arg(password);
+        }
+        if settings.db() != 0 {
+            setup.cmd("SELECT").arg(settings.db());
+        }
+        let checked = setup.len();
+        // Their answers are not looked at: servers before 7.2 do not know them.
+        if !settings.skip_set_lib_name() {
+            let name = settings.lib_name().unwrap_or(env!("CARGO_PKG_NAME"));
+            let version = settings.lib_ver().unwrap_or(env!("CARGO_PKG_VERSION"));
+            setup.cmd("CLIENT").arg("SETINFO").arg("LIB-NAME").arg(name);
+            setup
+                .cmd("CLIENT")
+                .arg("SETINFO")
+                .arg("LIB-VER")
+                .arg(version);
+        }
+        if setup.is_empty() {
+            return Ok(());
+        }
+        let answers = self.send_many(&setup, 0, setup.len()).await?;
+        for answer in answers.into_iter().take(checked) {
+            answer.extract_error()?;
+        }
+        Ok(())
+    }
+
+    /// `cmd`'s answer; a refusal by the server is an answer (`Value::ServerError`),
+    /// as on redis-rs' connection.
+    pub(crate) async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let (reply, answer) = oneshot::channel();
+        self.shared().queue(
+            |unsent| cmd.write_packed_command(unsent),
+            Waiter::One(reply),
+        )?;
+        answer.await.unwrap_or_else(|_| Err(closed()))
+    }
+
+    /// The answers to `pipeline`'s commands from `offset` on, `count` of them.
+    pub(crate) async fn send_many(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let (reply, answers) = oneshot::channel();
+        let waiter = Waiter::Many {
+            skip: offset,
+            left: offset + count,
+            answers: Vec::with_capacity(count),
+            reply,
+        };
+        self.shared().queue(
+            |unsent| unsent.extend_from_slice(&pipeline.get_packed_pipeline()),
+            waiter,
+        )?;
+        answers.await.unwrap_or_else(|_| Err(closed()))
+    }
+
+    pub(crate) fn db(&self) -> i64 {
+        self.db
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.handle.0
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        self.0.break_with(
+            &mut state,
+            io::ErrorKind::NotConnected,
+            "the connection was closed",
+        );
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a request that `write` writes, answered to `waiter`. On an idle
+    /// connection it goes onto the socket now; behind others, the driver sends it
+    /// with whatever else queued up meanwhile.
+    fn queue(&self, write: impl FnOnce(&mut Vec<u8>), waiter: Waiter) -> RedisResult<()> {
+        let mut state = self.lock();
+        if let Some((kind, why)) = &state.broken {
+            return Err(io::Error::new(*kind, why.clone()).into());
+        }
+        let idle = state.unsent.is_empty() && state.waiting.is_empty();
+        write(&mut state.unsent);
+        state.waiting.push_back(waiter);
+        if idle && let Err(error) = self.write_some(&mut state) {
+            self.break_with(&mut state, error.kind(), &error.to_string());
+        }
+        if !state.unsent.is_empty()
+            && let Some(driver) = state.driver.take()
+        {
+            driver.wake();
+        }
+        Ok(())
+    }
+
+    /// Writes what the socket takes now.
+    fn write_some(&self, state: &mut State) -> io::Result<()> {
+        while !state.unsent.is_empty() {
+            match self.stream.try_write(&state.unsent) {
+                Ok(written) => drop(state.unsent.drain(..written)),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes all that is queued, or registers to be woken when the socket takes more.
+    fn poll_write(&self, state: &mut State, cx: &mut Context<'_>) -> io::Result<()> {
+        loop {
+            self.write_some(state)?;
+            if state.unsent.is_empty() {
+                return Ok(());
+            }
+            match self.stream.poll_write_ready(cx) {
+                Poll::Ready(ready) => ready?,
+                Poll::Pending => return Ok(()),
+            }
+        }
+    }
+
+    /// Hands each complete answer at the front of `input` to its waiter.
+    fn answer(&self, input: &mut Input) -> io::Result<()> {
+        let mut state = self.lock();
+        while let Some((answer, used)) = parse(input.unparsed())? {
+            input.parsed(used);
+            let Some(waiter) = state.waiting.front_mut() else {
+                continue;
+            };
+            match waiter {
+                Waiter::One(_) => {
+                    if let Some(Waiter::One(reply)) = state.waiting.pop_front() {
+                        let _ = reply.send(Ok(answer));
+                    }
+                }
+                Waiter::Many {
+                    skip,
+                    left,
+                    answers,
+                    ..
+                } => {
+                    if *skip > 0 {
+                        *skip -= 1;
+                    } else {
+                        answers.push(answer);
+                    }
+                    *left -= 1;
+                    if *left == 0
+                        && let Some(Waiter::Many { answers, reply, .. }) = state.waiting.pop_front()
+                    {
+                        let _ = reply.send(Ok(answers));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the connection: every request waiting, and every one made later, fails.
+    fn break_with(&self, state: &mut State, kind: io::ErrorKind, why: &str) {
+        if state.broken.is_some() {
+            return;
+        }
+        state.broken = Some((kind, why.to_owned()));
+        state.unsent.clear();
+        for waiter in state.waiting.drain(..) {
+            let error = || io::Error::new(kind, why.to_owned()).into();
+            match waiter {
+                Waiter::One(reply) => drop(reply.send(Err(error()))),
+                Waiter::Many { reply, .. } => drop(reply.send(Err(error()))),
+            }
+        }
+        if let Some(driver) = state.driver.take() {
+            driver.wake();
+        }
+    }
+
+    fn poll_drive(&self, cx: &mut Context<'_>, input: &mut Input) -> Poll<()> {
+        loop {
+            {
+                let mut state = self.lock();
+                if state.broken.is_some() {
+                    return Poll::Ready(());
+                }
+                if let Err(error) = self.poll_write(&mut state, cx) {
+                    self.break_with(&mut state, error.kind(), &error.to_string());
+                    return Poll::Ready(());
+                }
+                if !state
+                    .driver
+                    .as_ref()
+                    .is_some_and(|driver| driver.will_wake(cx.waker()))
+                {
+                    state.driver = Some(cx.waker().clone());
+                }
+            }
+            let read = match self.stream.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(())) => self.stream.try_read(input),
+                Poll::Ready(Err(error)) => Err(error),
+            };
+            let outcome = match read {
+                Ok(0) => Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "Redis closed the connection",
+                )),
+                Ok(_) => self.answer(input),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(()),
+                Err(error) => Err(error),
+            };
+            if let Err(error) = outcome {
+                let mut state = self.lock();
+                self.break_with(&mut state, error.kind(), &error.to_string());
+                return Poll::Ready(());
+            }
+        }
+    }
+}
+
+/// Writes what queues up behind a busy connection, and reads every answer; ends when
+/// the connection breaks or its last handle goes.
+async fn drive(shared: Arc<Shared>) {
+    let driver = Driver(shared);
+    let mut input = Input::default();
+    poll_fn(|cx| driver.0.poll_drive(cx, &mut input)).await;
+}
+
+/// The driver's hold on the connection. A runtime that shuts down drops it, and the
+/// connection with it: nothing would read its answers, so its callers connect again.
+struct Driver(Arc<Shared>);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        let why = "the runtime that read its answers shut down";
+        self.0
+            .break_with(&mut state, io::ErrorKind::NotConnected, why);
+    }
+}
+
+/// What was read and not yet parsed: `bytes[start..end]`.
+#[derive(Default)]
+struct Input {
+    bytes: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Input {
+    const READ_SIZE: usize = 16 * 1024;
+
+    fn unparsed(&self) -> &[u8] {
+        &self.bytes[self.start..self.end]
+    }
+
+    /// Room to read into, after what is unparsed: a long answer grows it.
+    fn room(&mut self) -> &mut [u8] {
+        if self.end == self.bytes.len() {
+            if self.start > 0 {
+                self.bytes.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else {
+                let size = (self.bytes.len() * 2).max(Self::READ_SIZE);
+                self.bytes.resize(size, 0);
+            }
+        }
+        &mut self.bytes[self.end..]
+    }
+
+    fn parsed(&mut self, used: usize) {
+        self.start += used;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+}
+
+impl Stream {
+    async fn connect(info: &ConnectionInfo) -> io::Result<Stream> {
+        match info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let stream = TcpStream::connect((host.as_str(), *port)).await?;
+                stream.set_nodelay(info.tcp_settings().nodelay())?;
+                Ok(Stream::Tcp(stream))
+            }
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await?)),
+            _ => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "TLS goes through redis-rs' connection",
+            )),
+        }
+    }
+
+    fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(stream) => stream.try_write(bytes),
+            #[cfg(unix)]
+            Stream::Unix(stream) => stream.try_write(bytes),
+        }
+    }
+
+    fn try_read(&self, input: &mut Input) -> io::Result<usize> {
+        let room = input.room();
+        let read = match self {
+            Stream::Tcp(stream) => stream.try_read(room),
+            #[cfg(unix)]
+            Stream::Unix(stream) => stream.try_read(room),
+        }?;
+        input.end += read;
+        Ok(read)
+    }
+
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(stream) => stream.poll_read_ready(cx),
+            #[cfg(unix)]
+            Stream::Unix(stream) => stream.poll_read_ready(cx),
+        }
+    }
+
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(stream) => stream.poll_write_ready(cx),
+            #[cfg(unix)]
+            Stream::Unix(stream) => stream.poll_write_ready(cx),
+        }
+    }
+}
+
+fn closed() -> RedisError {
+    io::Error::new(
+        io::ErrorKind::ConnectionReset,
+        "the connection to Redis closed",
+    )
+    .into()
+}
+
+/// The answer at the front of `bytes` and how many bytes it takes, or `None` while
+/// it has not all come. RESP2, and RESP3's null.
+fn parse(bytes: &[u8]) -> io::Result<Option<(Value, usize)>> {
+    let Some(first) = bytes.first() else {
+        return Ok(None);
+    };
+    let Some(end) = bytes.windows(2).position(|pair| pair == b"\r\n") else {
+        return Ok(None);
+    };
+    let line = &bytes[1..end];
+    let next = end + 2;
+    let answer = match first {
+        b'+' if line == b"OK" => Value::Okay,
+        b'+' => Value::SimpleString(text(line)?.to_owned()),
+        b'-' => redis::parse_redis_value(&bytes[..next]).map_err(invalid)?,
+        b':' => Value::Int(number(line)?),
+        b'_' => Value::Nil,
+        b'$' => {
+            let Ok(length) = usize::try_from(number(line)?) else {
+                return Ok(Some((Value::Nil, next)));
+            };
+            let after = next.saturating_add(length).saturating_add(2);
+            let Some(body) = bytes.get(next..after) else {
+                return Ok(None);
+            };
+            return Ok(Some((Value::BulkString(body[..length].to_vec()), after)));
+        }
+        b'*' => {
+            let Ok(length) = usize::try_from(number(line)?) else {
+                return Ok(Some((Value::Nil, next)));
+            };
+            let mut items = Vec::with_capacity(length.min(1024));
+            let mut at = next;
+            for _ in 0..length {
+                let Some((item, used)) = parse(&bytes[at..])? else {
+                    return Ok(None);
+                };
+                items.push(item);
+                at += used;
+            }
+            return Ok(Some((Value::Array(items), at)));
+        }
+        other => {
+            return Err(invalid(format!(
+                "an answer starting with {:?}",
+                *other as char
+            )));
+        }
+    };
+    Ok(Some((answer, next)))
+}
+
+fn text(line: &[u8]) -> io::Result<&str> {
+    std::str::from_utf8(line).map_err(invalid)
+}
+
+fn number(line: &[u8]) -> io::Result<i64> {
+    text(line)?.parse().map_err(invalid)
+}
+
+fn invalid(why: impl ToString) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("Redis sent what is not RESP: {}", why.to_string()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole(bytes: &[u8]) -> Value {
+        let (value, used) = parse(bytes).unwrap().expect("a whole answer");
+        assert_eq!(used, bytes.len(), "{bytes:?}");
+        value
+    }
+
+    #[test]
+    fn answers_parse_as_redis_rs_parses_them() {
+        for bytes in [
+            &b"+OK\r\n"[..],
+            b"+QUEUED\r\n",
+            b":-42\r\n",
+            b"$5\r\nhe\r\no\r\n",
+            b"$0\r\n\r\n",
+            b"$-1\r\n",
+            b"*-1\r\n",
+            b"*0\r\n",
+            b"*3\r\n:1\r\n$1\r\nx\r\n*2\r\n+a\r\n$-1\r\n",
+            b"-NOSCRIPT No matching script\r\n",
+            b"-READONLY You can't write against a read only replica.\r\n",
+        ] {
+            assert_eq!(
+                whole(bytes),
+                redis::parse_redis_value(bytes).unwrap(),
+                "{bytes:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_partial_answer_waits_for_the_rest() {
+        let bytes = b"*2\r\n$3\r\nabc\r\n:7\r\n";
+        for cut in 0..bytes.len() {
+            assert_eq!(parse(&bytes[..cut]).unwrap(), None, "cut at {cut}");
+        }
+        assert_eq!(
+            parse(bytes).unwrap(),
+            Some((
+                Value::Array(vec![Value::BulkString(b"abc".to_vec()), Value::Int(7)]),
+                bytes.len()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_long_answer_read_in_pieces_arrives_whole_after_a_short_one() {
+        let long = vec![b'x'; 40_000];
+        let mut sent = b":1\r\n".to_vec();
+        sent.extend_from_slice(format!("${}\r\n", long.len()).as_bytes());
+        sent.extend_from_slice(&long);
+        sent.extend_from_slice(b"\r\n");
+        let mut input = Input::default();
+        let mut answers = Vec::new();
+        for piece in sent.chunks(1_000) {
+            let room = input.room();
+            room[..piece.len()].copy_from_slice(piece);
+            input.end += piece.len();
+            while let Some((answer, used)) = parse(input.unparsed()).unwrap() {
+                input.parsed(used);
+                answers.push(answer);
+            }
+        }
+        assert_eq!(answers, vec![Value::Int(1), Value::BulkString(long)]);
+        assert_eq!((input.start, input.end), (0, 0));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for bytes in [&b"?what\r\n"[..], b":nan\r\n", b"$x\r\n", b"*2\r\n!\r\n"] {
+            let error = parse(bytes).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{bytes:?}");
+        }
+    }
+}

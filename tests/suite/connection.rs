@@ -1,0 +1,92 @@
+//! The client's own connection to Redis: many callers share it, each gets its own
+//! answer, and it reaches a server over a Unix socket and in another database as it
+//! does over TCP.
+
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockOptions};
+use lock_tests::RedisServer;
+
+/// Keys whose leases differ by a second from one to the next, so that an answer
+/// given to the wrong caller shows.
+const KEYS: u64 = 64;
+
+fn lease_of(key: u64) -> Duration {
+    Duration::from_secs(10 + key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_reach_whoever_asked_among_many_callers() {
+    let redis = RedisServer::start();
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let mut guards = Vec::new();
+    for key in 0..KEYS {
+        let options = LockOptions::new().lease(lease_of(key)).watchdog(false);
+        guards.push(
+            holder
+                .acquire(&format!("answers:{key}"), &options)
+                .await
+                .unwrap(),
+        );
+    }
+    let asker = LockClient::connect(&redis.url()).await.unwrap();
+    let callers = (0..KEYS).map(|key| {
+        let asker = asker.clone();
+        tokio::spawn(async move {
+            let (held, free) = (format!("answers:{key}"), format!("answers:free:{key}"));
+            for _ in 0..50 {
+                let (left, free) = tokio::join!(asker.lease_left(&held), asker.is_locked(&free));
+                let left = left.unwrap().expect("the lock is held");
+                assert!(
+                    left <= lease_of(key) && left > lease_of(key) - Duration::from_millis(900),
+                    "key {key} was told {left:?} left of its {:?} lease",
+                    lease_of(key)
+                );
+                assert!(!free.unwrap(), "{key}: a lock nobody holds was said held");
+            }
+        })
+    });
+    for caller in callers.collect::<Vec<_>>() {
+        caller.await.unwrap();
+    }
+    drop(guards);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_and_another_database_lock_as_tcp_does() {
+    let socket = std::env::temp_dir().join(format!("lock-tests-{}.sock", std::process::id()));
+    let path = socket.to_str().unwrap();
+    let redis = RedisServer::start_with(&["--unixsocket", path, "--unixsocketperm", "700"]);
+    let url = format!("redis+unix://{path}?db=3");
+    let first = LockClient::connect(&url).await.unwrap();
+    let second = LockClient::connect(&url).await.unwrap();
+    let options = LockOptions::new()
+        .lease(Duration::from_secs(10))
+        .watchdog(false);
+
+    let held = first.acquire("unix:order", &options).await.unwrap();
+    assert!(
+        second
+            .try_acquire("unix:order", &options)
+            .await
+            .unwrap()
+            .is_none(),
+        "a second client got a lock the first holds"
+    );
+    let mut admin = redis.connection();
+    let in_db_3: bool = redis::cmd("SELECT")
+        .arg(3)
+        .query::<()>(&mut admin)
+        .and_then(|()| {
+            redis::cmd("EXISTS")
+                .arg("lock:{unix:order}")
+                .query(&mut admin)
+        })
+        .unwrap();
+    assert!(in_db_3, "the lock is not in the URL's database");
+
+    held.release().await.unwrap();
+    let taken = second.try_acquire("unix:order", &options).await.unwrap();
+    assert!(taken.is_some(), "the lock was not free after its release");
+    let _ = std::fs::remove_file(&socket);
+}
