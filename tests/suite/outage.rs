@@ -403,6 +403,52 @@ async fn requests_cut_off_together_make_one_new_connection() {
     assert_eq!(made, 1, "the client connected {made} times for one cut");
 }
 
+/// A primary an operator demoted (`REPLICAOF`) refuses writes on the connections it
+/// keeps: the client lets go of the one that heard the refusal, so that the next call
+/// connects again, to the primary Sentinel names now where there is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_to_a_demoted_primary_is_made_again() {
+    let redis = RedisServer::start();
+    let elsewhere = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let options = LockOptions::new()
+        .lease(Duration::from_secs(10))
+        .spin(false);
+    let replica_of = |host: &str, port: &str| {
+        let () = redis::cmd("REPLICAOF")
+            .arg(host)
+            .arg(port)
+            .query(&mut redis.connection())
+            .unwrap();
+    };
+    client
+        .acquire("ledger", &options)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    replica_of("127.0.0.1", &elsewhere.port().to_string());
+    let refused = client.acquire("ledger", &options).await;
+    assert!(
+        matches!(&refused, Err(LockError::Backend { .. })),
+        "a demoted primary granted the lock: {refused:?}"
+    );
+    replica_of("NO", "ONE");
+    let before = redis.connections_received();
+    client
+        .acquire("ledger", &options)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Less the connection that took this count.
+    let made = redis.connections_received() - before - 1;
+    assert_eq!(made, 1, "the client kept the connection that was refused");
+}
+
 /// A server, a proxy in front of it, and a client through the proxy, set up with
 /// `config`, whose connection is up: it has taken and released a lock.
 async fn connected_through_a_proxy(config: ClientConfig) -> (RedisServer, TcpProxy, LockClient) {

@@ -575,10 +575,18 @@ enum Link {
 }
 
 impl Link {
+    /// `cmd`'s answer, a refusal included, but for a demoted primary's: that one is
+    /// the connection's error, which has it forgotten.
     async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        match self {
+        let answer = match self {
             Link::Pipe(pipe) => pipe.send(cmd).await,
             Link::Redis(connection) => connection.send_packed_command(cmd).await,
+        };
+        match answer? {
+            Value::ServerError(refusal) if refusal.kind() == Some(ServerErrorKind::ReadOnly) => {
+                Err(refusal.into())
+            }
+            answer => Ok(answer),
         }
     }
 
