@@ -579,10 +579,14 @@ mod tests {
         sent.extend_from_slice(b"\r\n");
         let mut input = Input::default();
         let mut answers = Vec::new();
-        for piece in sent.chunks(1_000) {
+        let mut unread = &sent[..];
+        while !unread.is_empty() {
+            // As a read does: at most a piece, and no more than there is room for.
             let room = input.room();
-            room[..piece.len()].copy_from_slice(piece);
-            input.end += piece.len();
+            let read = room.len().min(1_000).min(unread.len());
+            room[..read].copy_from_slice(&unread[..read]);
+            unread = &unread[read..];
+            input.end += read;
             while let Some((answer, used)) = parse(input.unparsed()).unwrap() {
                 input.parsed(used);
                 answers.push(answer);
