@@ -118,9 +118,6 @@ impl Pipe {
                 .arg("LIB-VER")
                 .arg(version);
         }
-        if setup.is_empty() {
-            return Ok(());
-        }
         let answers = self.send_many(&setup, 0, setup.len()).await?;
         for answer in answers.into_iter().take(checked) {
             answer.extract_error()?;
@@ -146,6 +143,10 @@ impl Pipe {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
+        // No answer would come to end the wait.
+        if offset + count == 0 {
+            return Ok(Vec::new());
+        }
         let (reply, answers) = oneshot::channel();
         let waiter = Waiter::Many {
             skip: offset,
