@@ -444,9 +444,14 @@ async fn a_connection_to_a_demoted_primary_is_made_again() {
         .release()
         .await
         .unwrap();
-    // Less the connections that took the counts, and the two `replica_of` made.
+    // Less the connections that took the counts, and the two `replica_of` made. The
+    // refused acquire's withdrawal, sent in the background, makes one more when it
+    // runs before the promotion and is refused in turn.
     let made = redis.connections_received() - before - 3;
-    assert_eq!(made, 1, "the client kept the connection that was refused");
+    assert!(
+        (1..=2).contains(&made),
+        "the client made {made} connections: none means it kept the one refused"
+    );
 }
 
 /// A server, a proxy in front of it, and a client through the proxy, set up with
