@@ -319,7 +319,9 @@ impl Acquisition {
             return;
         }
         let mut window = self.window();
-        let halfway = handed_on - window.from >= u32::from(most) / 2
+        // Saturating: the task handed the lock may hand it on, and have the window
+        // start again past `handed_on`, before this call takes the window.
+        let halfway = handed_on.saturating_sub(window.from) >= u32::from(most) / 2
             || now.saturating_duration_since(window.since) >= within / 2;
         if window.asked || !halfway {
             return;
