@@ -11,14 +11,16 @@
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::io;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpStream, tcp};
 #[cfg(unix)]
-use tokio::net::UnixStream;
+use tokio::net::{UnixStream, unix};
 use tokio::sync::oneshot;
 
 /// A handle on the connection; the connection closes with its last handle.
@@ -31,12 +33,12 @@ pub(crate) struct Pipe {
 struct Handle(Arc<Shared>);
 
 struct Shared {
-    stream: Stream,
     state: Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
+    /// The socket's sending side: callers write on it, the driver reads the other.
+    writer: Writer,
     /// Requests not yet on the socket, in the order they were made.
     unsent: Vec<u8>,
     /// Who waits for the next answers, in the order their requests were sent.
@@ -58,10 +60,16 @@ enum Waiter {
     },
 }
 
-enum Stream {
-    Tcp(TcpStream),
+enum Writer {
+    Tcp(tcp::OwnedWriteHalf),
     #[cfg(unix)]
-    Unix(UnixStream),
+    Unix(unix::OwnedWriteHalf),
+}
+
+enum Reader {
+    Tcp(tcp::OwnedReadHalf),
+    #[cfg(unix)]
+    Unix(unix::OwnedReadHalf),
 }
 
 impl Pipe {
@@ -72,7 +80,7 @@ impl Pipe {
 
     /// Connects, then authenticates and selects the database as redis-rs would.
     pub(crate) async fn connect(info: &ConnectionInfo, timeout: Duration) -> RedisResult<Pipe> {
-        let stream = tokio::time::timeout(timeout, Stream::connect(info))
+        let (reader, writer) = tokio::time::timeout(timeout, connect(info))
             .await
             .map_err(|_| {
                 io::Error::new(
@@ -81,10 +89,15 @@ impl Pipe {
                 )
             })??;
         let shared = Arc::new(Shared {
-            stream,
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                writer,
+                unsent: Vec::new(),
+                waiting: VecDeque::new(),
+                broken: None,
+                driver: None,
+            }),
         });
-        tokio::spawn(drive(shared.clone()));
+        tokio::spawn(drive(shared.clone(), reader));
         let pipe = Pipe {
             handle: Arc::new(Handle(shared)),
             db: info.redis_settings().db(),
@@ -211,7 +224,7 @@ impl Shared {
     /// Writes what the socket takes now.
     fn write_some(&self, state: &mut State) -> io::Result<()> {
         while !state.unsent.is_empty() {
-            match self.stream.try_write(&state.unsent) {
+            match state.writer.try_write(&state.unsent) {
                 Ok(written) => drop(state.unsent.drain(..written)),
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) => return Err(error),
@@ -222,16 +235,15 @@ impl Shared {
 
     /// Writes all that is queued, or registers to be woken when the socket takes more.
     fn poll_write(&self, state: &mut State, cx: &mut Context<'_>) -> io::Result<()> {
-        loop {
-            self.write_some(state)?;
-            if state.unsent.is_empty() {
-                return Ok(());
-            }
-            match self.stream.poll_write_ready(cx) {
-                Poll::Ready(ready) => ready?,
-                Poll::Pending => return Ok(()),
+        while !state.unsent.is_empty() {
+            match state.writer.poll_write(cx, &state.unsent) {
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(written)) => drop(state.unsent.drain(..written)),
+                Poll::Ready(Err(error)) => return Err(error),
+                Poll::Pending => break,
             }
         }
+        Ok(())
     }
 
     /// Hands each complete answer at the front of `input` to its waiter.
@@ -290,7 +302,7 @@ impl Shared {
         }
     }
 
-    fn poll_drive(&self, cx: &mut Context<'_>, input: &mut Input) -> Poll<()> {
+    fn poll_drive(&self, cx: &mut Context<'_>, reader: &mut Reader, input: &mut Input) -> Poll<()> {
         loop {
             {
                 let mut state = self.lock();
@@ -309,18 +321,14 @@ impl Shared {
                     state.driver = Some(cx.waker().clone());
                 }
             }
-            let read = match self.stream.poll_read_ready(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(())) => self.stream.try_read(input),
-                Poll::Ready(Err(error)) => Err(error),
-            };
-            let outcome = match read {
+            // A read that leaves room proves the socket drained, and the next poll
+            // waits for more without asking the socket again.
+            let outcome = match ready!(reader.poll_read(cx, input)) {
                 Ok(0) => Err(io::Error::new(
                     io::ErrorKind::ConnectionReset,
                     "Redis closed the connection",
                 )),
                 Ok(_) => self.answer(input),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(()),
                 Err(error) => Err(error),
             };
             if let Err(error) = outcome {
@@ -334,10 +342,10 @@ impl Shared {
 
 /// Writes what queues up behind a busy connection, and reads every answer; ends when
 /// the connection breaks or its last handle goes.
-async fn drive(shared: Arc<Shared>) {
+async fn drive(shared: Arc<Shared>, mut reader: Reader) {
     let driver = Driver(shared);
     let mut input = Input::default();
-    poll_fn(|cx| driver.0.poll_drive(cx, &mut input)).await;
+    poll_fn(|cx| driver.0.poll_drive(cx, &mut reader, &mut input)).await;
 }
 
 /// The driver's hold on the connection. A runtime that shuts down drops it, and the
@@ -392,59 +400,61 @@ impl Input {
     }
 }
 
-impl Stream {
-    async fn connect(info: &ConnectionInfo) -> io::Result<Stream> {
-        match info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
-                let stream = TcpStream::connect((host.as_str(), *port)).await?;
-                stream.set_nodelay(info.tcp_settings().nodelay())?;
-                Ok(Stream::Tcp(stream))
-            }
-            #[cfg(unix)]
-            ConnectionAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await?)),
-            _ => Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "TLS goes through redis-rs' connection",
-            )),
+/// The two sides of a new connection to `info`'s address.
+async fn connect(info: &ConnectionInfo) -> io::Result<(Reader, Writer)> {
+    match info.addr() {
+        ConnectionAddr::Tcp(host, port) => {
+            let stream = TcpStream::connect((host.as_str(), *port)).await?;
+            stream.set_nodelay(info.tcp_settings().nodelay())?;
+            let (reader, writer) = stream.into_split();
+            Ok((Reader::Tcp(reader), Writer::Tcp(writer)))
         }
+        #[cfg(unix)]
+        ConnectionAddr::Unix(path) => {
+            let (reader, writer) = UnixStream::connect(path).await?.into_split();
+            Ok((Reader::Unix(reader), Writer::Unix(writer)))
+        }
+        _ => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "TLS goes through redis-rs' connection",
+        )),
     }
+}
 
-    /// A `writev`, as redis-rs' connection writes: `/proc/<pid>/io` counts those, and
-    /// no `send`, so the writes of both show there alike.
+// Writes are `writev`s, as redis-rs' connection writes: `/proc/<pid>/io` counts
+// those, and no `send`, so the writes of both show there alike.
+impl Writer {
     fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
         let bytes = [io::IoSlice::new(bytes)];
         match self {
-            Stream::Tcp(stream) => stream.try_write_vectored(&bytes),
+            Writer::Tcp(writer) => writer.try_write_vectored(&bytes),
             #[cfg(unix)]
-            Stream::Unix(stream) => stream.try_write_vectored(&bytes),
+            Writer::Unix(writer) => writer.try_write_vectored(&bytes),
         }
     }
 
-    fn try_read(&self, input: &mut Input) -> io::Result<usize> {
-        let room = input.room();
-        let read = match self {
-            Stream::Tcp(stream) => stream.try_read(room),
+    fn poll_write(&mut self, cx: &mut Context<'_>, bytes: &[u8]) -> Poll<io::Result<usize>> {
+        let bytes = [io::IoSlice::new(bytes)];
+        match self {
+            Writer::Tcp(writer) => Pin::new(writer).poll_write_vectored(cx, &bytes),
             #[cfg(unix)]
-            Stream::Unix(stream) => stream.try_read(room),
-        }?;
+            Writer::Unix(writer) => Pin::new(writer).poll_write_vectored(cx, &bytes),
+        }
+    }
+}
+
+impl Reader {
+    /// Reads what came into `input`: how many bytes, 0 once the server closed.
+    fn poll_read(&mut self, cx: &mut Context<'_>, input: &mut Input) -> Poll<io::Result<usize>> {
+        let mut room = ReadBuf::new(input.room());
+        ready!(match self {
+            Reader::Tcp(reader) => Pin::new(reader).poll_read(cx, &mut room),
+            #[cfg(unix)]
+            Reader::Unix(reader) => Pin::new(reader).poll_read(cx, &mut room),
+        })?;
+        let read = room.filled().len();
         input.end += read;
-        Ok(read)
-    }
-
-    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self {
-            Stream::Tcp(stream) => stream.poll_read_ready(cx),
-            #[cfg(unix)]
-            Stream::Unix(stream) => stream.poll_read_ready(cx),
-        }
-    }
-
-    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self {
-            Stream::Tcp(stream) => stream.poll_write_ready(cx),
-            #[cfg(unix)]
-            Stream::Unix(stream) => stream.poll_write_ready(cx),
-        }
+        Poll::Ready(Ok(read))
     }
 }
 
