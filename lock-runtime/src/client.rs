@@ -110,7 +110,10 @@ impl ClientConfig {
     /// `appendonly yes`; elsewhere connecting fails and says so. Run the server with
     /// `appendfsync always` too: under the default `everysec`, each grant waits for
     /// the next second's fsync, and a busy server misses the
-    /// [`replica_timeout`](Self::replica_timeout). Off by default.
+    /// [`replica_timeout`](Self::replica_timeout); under `no`, the server counts a
+    /// write handed to the operating system as on disk, which outlives a crash of
+    /// the server but not of its machine. The client cannot tell which the server
+    /// runs without `CONFIG GET`, which also reads secrets. Off by default.
     pub fn fsync(mut self, fsync: bool) -> Self {
         self.fsync = fsync;
         self
