@@ -1,10 +1,11 @@
 //! The client's own connection to Redis: many callers share it, each gets its own
-//! answer, and it reaches a server over a Unix socket and in another database as it
-//! does over TCP.
+//! answer, an answer longer than one read arrives whole, and it reaches a server
+//! over a Unix socket and in another database as it does over TCP.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockOptions};
+use lock_runtime::{LockClient, LockInspector, LockOptions};
 use lock_tests::RedisServer;
 
 /// Keys whose leases differ by a minute from one to the next, so that an answer
@@ -89,4 +90,41 @@ async fn a_unix_socket_and_another_database_lock_as_tcp_does() {
     let taken = second.try_acquire("unix:order", &options).await.unwrap();
     assert!(taken.is_some(), "the lock was not free after its release");
     let _ = std::fs::remove_file(&socket);
+}
+
+/// A semaphore's thousand holders, listed in one answer tens of kilobytes long:
+/// several reads' worth, more than the connection's first buffer (16 KB) holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_longer_than_a_read_arrives_whole() {
+    const PERMITS: u32 = 1000;
+    let redis = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let options = LockOptions::new()
+        .permits(PERMITS)
+        .lease(Duration::from_secs(60))
+        .watchdog(false);
+    let mut guards = Vec::new();
+    for _ in 0..PERMITS {
+        guards.push(client.acquire("long:jobs", &options).await.unwrap());
+    }
+    let inspector = LockInspector::connect(&redis.url()).await.unwrap();
+    let listed = tokio::time::timeout(Duration::from_secs(10), inspector.lock("long:jobs"))
+        .await
+        .expect("the answer never came whole")
+        .unwrap()
+        .expect("the semaphore is held");
+    let tokens: BTreeSet<_> = listed.holders.iter().map(|holder| &holder.token).collect();
+    assert_eq!(
+        tokens.len(),
+        PERMITS as usize,
+        "holders listed: {}",
+        listed.holders.len()
+    );
+    assert!(
+        listed
+            .holders
+            .iter()
+            .all(|holder| holder.lease_left.is_some()),
+        "a holder was listed without its lease"
+    );
 }
