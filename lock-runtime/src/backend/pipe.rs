@@ -194,6 +194,34 @@ impl Drop for Handle {
     }
 }
 
+impl State {
+    /// Writes what the socket takes now: a caller's write, which must not take the
+    /// driver's place as the one woken when the socket takes more.
+    fn write_some(&mut self) -> io::Result<()> {
+        while !self.unsent.is_empty() {
+            match self.writer.try_write(&self.unsent) {
+                Ok(written) => drop(self.unsent.drain(..written)),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes all that is queued, or registers to be woken when the socket takes more.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        while !self.unsent.is_empty() {
+            match self.writer.poll_write(cx, &self.unsent) {
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(written)) => drop(self.unsent.drain(..written)),
+                Poll::Ready(Err(error)) => return Err(error),
+                Poll::Pending => break,
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -210,38 +238,13 @@ impl Shared {
         let idle = state.unsent.is_empty() && state.waiting.is_empty();
         write(&mut state.unsent);
         state.waiting.push_back(waiter);
-        if idle && let Err(error) = self.write_some(&mut state) {
+        if idle && let Err(error) = state.write_some() {
             self.break_with(&mut state, error.kind(), &error.to_string());
         }
         if !state.unsent.is_empty()
             && let Some(driver) = state.driver.take()
         {
             driver.wake();
-        }
-        Ok(())
-    }
-
-    /// Writes what the socket takes now.
-    fn write_some(&self, state: &mut State) -> io::Result<()> {
-        while !state.unsent.is_empty() {
-            match state.writer.try_write(&state.unsent) {
-                Ok(written) => drop(state.unsent.drain(..written)),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
-                Err(error) => return Err(error),
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes all that is queued, or registers to be woken when the socket takes more.
-    fn poll_write(&self, state: &mut State, cx: &mut Context<'_>) -> io::Result<()> {
-        while !state.unsent.is_empty() {
-            match state.writer.poll_write(cx, &state.unsent) {
-                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                Poll::Ready(Ok(written)) => drop(state.unsent.drain(..written)),
-                Poll::Ready(Err(error)) => return Err(error),
-                Poll::Pending => break,
-            }
         }
         Ok(())
     }
@@ -309,7 +312,7 @@ impl Shared {
                 if state.broken.is_some() {
                     return Poll::Ready(());
                 }
-                if let Err(error) = self.poll_write(&mut state, cx) {
+                if let Err(error) = state.poll_write(cx) {
                     self.break_with(&mut state, error.kind(), &error.to_string());
                     return Poll::Ready(());
                 }
