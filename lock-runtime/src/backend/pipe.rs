@@ -200,7 +200,7 @@ impl State {
     fn write_some(&mut self) -> io::Result<()> {
         while !self.unsent.is_empty() {
             match self.writer.try_write(&self.unsent) {
-                Ok(written) => drop(self.unsent.drain(..written)),
+                Ok(written) => self.sent(written),
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) => return Err(error),
             }
@@ -213,12 +213,19 @@ impl State {
         while !self.unsent.is_empty() {
             match self.writer.poll_write(cx, &self.unsent) {
                 Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                Poll::Ready(Ok(written)) => drop(self.unsent.drain(..written)),
+                Poll::Ready(Ok(written)) => self.sent(written),
                 Poll::Ready(Err(error)) => return Err(error),
                 Poll::Pending => break,
             }
         }
         Ok(())
+    }
+
+    fn sent(&mut self, written: usize) {
+        self.unsent.drain(..written);
+        if self.unsent.is_empty() {
+            self.unsent.shrink_to(BUFFER_SIZE);
+        }
     }
 }
 
@@ -372,9 +379,12 @@ struct Input {
     end: usize,
 }
 
-impl Input {
-    const READ_SIZE: usize = 16 * 1024;
+/// The room a read is given, and what a buffer shrinks back to once empty: a backlog
+/// of requests or a long answer grows one, and a connection kept for hours would
+/// otherwise hold on to the most it ever needed.
+const BUFFER_SIZE: usize = 16 * 1024;
 
+impl Input {
     fn unparsed(&self) -> &[u8] {
         &self.bytes[self.start..self.end]
     }
@@ -387,7 +397,7 @@ impl Input {
                 self.end -= self.start;
                 self.start = 0;
             } else {
-                let size = (self.bytes.len() * 2).max(Self::READ_SIZE);
+                let size = (self.bytes.len() * 2).max(BUFFER_SIZE);
                 self.bytes.resize(size, 0);
             }
         }
@@ -399,6 +409,8 @@ impl Input {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
+            self.bytes.truncate(BUFFER_SIZE);
+            self.bytes.shrink_to(BUFFER_SIZE);
         }
     }
 }
@@ -608,6 +620,45 @@ mod tests {
         }
         assert_eq!(answers, vec![Value::Int(1), Value::BulkString(long)]);
         assert_eq!((input.start, input.end), (0, 0));
+        assert!(input.bytes.capacity() <= BUFFER_SIZE);
+    }
+
+    #[tokio::test]
+    async fn a_backlog_once_sent_leaves_no_large_buffer_behind() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (ours, theirs) = tokio::join!(TcpStream::connect(address), listener.accept());
+        let (_reader, writer) = ours.unwrap().into_split();
+        let (theirs, _) = theirs.unwrap();
+        let backlog = 200_000;
+        let reading = tokio::spawn(async move {
+            let (mut received, mut piece) = (Vec::new(), vec![0; BUFFER_SIZE]);
+            while received.len() < backlog {
+                theirs.readable().await?;
+                match theirs.try_read(&mut piece) {
+                    Ok(0) => break,
+                    Ok(read) => received.extend_from_slice(&piece[..read]),
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(error) => return Err(error),
+                }
+            }
+            io::Result::Ok(received)
+        });
+        let mut state = State {
+            writer: Writer::Tcp(writer),
+            unsent: vec![b'x'; backlog],
+            waiting: VecDeque::new(),
+            broken: None,
+            driver: None,
+        };
+        poll_fn(|cx| match state.poll_write(cx) {
+            Ok(()) if state.unsent.is_empty() => Poll::Ready(()),
+            Ok(()) => Poll::Pending,
+            Err(error) => panic!("{error}"),
+        })
+        .await;
+        assert_eq!(reading.await.unwrap().unwrap(), vec![b'x'; backlog]);
+        assert!(state.unsent.capacity() <= BUFFER_SIZE);
     }
 
     #[test]
