@@ -17,13 +17,7 @@ async fn redis_down_is_an_error_in_bound_and_up_again_works() {
     let client = LockClient::connect_with(&redis.url(), config)
         .await
         .unwrap();
-    client
-        .acquire("invoice", &LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_once(&client, "invoice", &LockOptions::new()).await;
 
     redis.kill();
     for _ in 0..3 {
@@ -292,13 +286,7 @@ async fn a_call_dropped_on_a_silent_connection_has_it_replaced() {
     // connection is forgotten, and the next call makes a new one.
     tokio::time::sleep(2 * bound).await;
     let started = Instant::now();
-    client
-        .acquire("invoice", &options)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_once(&client, "invoice", &options).await;
     assert!(started.elapsed() < bound, "{:?}", started.elapsed());
 }
 
@@ -367,13 +355,7 @@ async fn a_connection_that_answers_late_is_kept() {
     proxy.resume();
     let _ = acquiring.await.unwrap();
     tokio::time::sleep(bound).await;
-    client
-        .acquire("order", &options)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_once(&client, "order", &options).await;
     // Less the connection that took this count.
     let made = redis.connections_received() - before - 1;
     assert_eq!(made, 0, "the client connected again {made} times");
@@ -421,13 +403,7 @@ async fn a_connection_to_a_demoted_primary_is_made_again() {
             .query(&mut redis.connection())
             .unwrap();
     };
-    client
-        .acquire("ledger", &options)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_once(&client, "ledger", &options).await;
     let before = redis.connections_received();
 
     replica_of("127.0.0.1", &elsewhere.port().to_string());
@@ -437,13 +413,7 @@ async fn a_connection_to_a_demoted_primary_is_made_again() {
         "a demoted primary granted the lock: {refused:?}"
     );
     replica_of("NO", "ONE");
-    client
-        .acquire("ledger", &options)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_once(&client, "ledger", &options).await;
     // Less the connections that took the counts, and the two `replica_of` made. The
     // refused acquire's withdrawal, sent in the background, makes one more when it
     // runs before the promotion and is refused in turn.
@@ -462,14 +432,19 @@ async fn connected_through_a_proxy(config: ClientConfig) -> (RedisServer, TcpPro
     let client = LockClient::connect_with(&proxy.url(), config)
         .await
         .unwrap();
+    lock_once(&client, "warm", &LockOptions::new()).await;
+    (redis, proxy, client)
+}
+
+/// Takes `key` and lets it go, which has the client's connection up.
+async fn lock_once(client: &LockClient, key: &str, options: &LockOptions) {
     client
-        .acquire("warm", &LockOptions::new())
+        .acquire(key, options)
         .await
         .unwrap()
         .release()
         .await
         .unwrap();
-    (redis, proxy, client)
 }
 
 /// The two ways an acquire asks Redis: a plain lock by `SET NX`, a fenced one by the
