@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockInspector, LockOptions};
+use lock_runtime::{LockClient, LockError, LockInspector, LockOptions};
 use lock_tests::RedisServer;
 use tokio::time::Instant;
 
@@ -122,6 +122,64 @@ async fn a_holder_with_a_client_waiting_renews_it_and_lets_that_client_in() {
     handed.release().await.unwrap();
     assert_eq!(holder.lease_left("order:3").await.unwrap(), None);
     assert!(!queued(&redis, "order:3"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_whose_waiters_left_is_renewed_and_released_as_one_nobody_wanted() {
+    let redis = RedisServer::start();
+    let native_release = ["delifeq", "delex"]
+        .into_iter()
+        .any(|command| redis.has_command(command));
+    let native_renewal = has_set_ifeq(&redis);
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let quitter = LockClient::connect(&redis.url()).await.unwrap();
+    let options = LockOptions::new().lease(Duration::from_secs(10));
+    let guard = holder.acquire("order:5", &options).await.unwrap();
+    // One waiter gives up, another is dropped, as a handler is when its caller
+    // hangs up; each marked the lock as waited for when it joined the queue.
+    let impatient = LockOptions::new().timeout(Duration::from_millis(200));
+    let gave_up = quitter.acquire("order:5", &impatient).await;
+    assert!(
+        matches!(gave_up, Err(LockError::Timeout { .. })),
+        "{gave_up:?}"
+    );
+    let dropped = {
+        let quitter = quitter.clone();
+        let patient = LockOptions::new().timeout(Duration::from_secs(20));
+        tokio::spawn(async move { quitter.acquire("order:5", &patient).await })
+    };
+    while !queued(&redis, "order:5") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    dropped.abort();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while queued(&redis, "order:5") {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped waiter stayed queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // Nobody waits now: the holder's renewal and release are the everyday ones.
+    let commands = ["set", "evalsha"];
+    let before = calls(&redis, &commands);
+    guard.extend(Duration::from_secs(20)).await.unwrap();
+    let renewal = if native_renewal { 1 } else { 0 };
+    assert_eq!(
+        ran_since(&redis, &commands, &before),
+        [("set", renewal), ("evalsha", 1 - renewal)]
+    );
+    let lease_left = holder.lease_left("order:5").await.unwrap().unwrap();
+    assert!(lease_left > Duration::from_secs(15), "{lease_left:?}");
+    let before = calls(&redis, &commands);
+    guard.release().await.unwrap();
+    assert_eq!(
+        ran_since(&redis, &commands, &before),
+        [("set", 0), ("evalsha", u64::from(!native_release))],
+        "one compare-and-delete, not a second request the long way"
+    );
+    assert_eq!(holder.lease_left("order:5").await.unwrap(), None);
 }
 
 /// Whether the server takes `SET … IFEQ` (Valkey 8.1, Redis 8.4).

@@ -12,8 +12,9 @@
 -- While acquisitions wait in the queue, an exclusive holder's token is kept marked
 -- (`MARKED` after it). So a lock whose value is its holder's token alone has nobody
 -- to let in, and its holder frees it with a plain compare-and-delete
--- (`release_alone.lua`, or `DELIFEQ` or `DELEX` where the server has one). A mark
--- left after the queue emptied only sends that release the long way.
+-- (`release_alone.lua`, or `DELIFEQ` or `DELEX` where the server has one). The last
+-- waiter to leave takes the mark off; one left when the queue expired only sends
+-- that release the long way.
 
 local MARKED = '|queued'
 
@@ -133,6 +134,17 @@ local function mark(lock)
   local value = redis.call('GET', lock)
   if not is_marked(value) then
     redis.call('SET', lock, value .. MARKED, 'KEEPTTL')
+  end
+end
+
+-- Takes the mark off the exclusive holder's token once nobody waits for it.
+local function unmark_when_alone(lock, queue)
+  if redis.call('EXISTS', queue) == 1 then
+    return
+  end
+  local value = redis.pcall('GET', lock)
+  if type(value) == 'string' and is_marked(value) then
+    redis.call('SET', lock, holder_of(value), 'KEEPTTL')
   end
 end
 

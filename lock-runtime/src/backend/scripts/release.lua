@@ -5,7 +5,8 @@
 -- ARGV[5] release channel, ARGV[6] publish command
 -- Returns 0 when the token did not hold the lock (no holder is changed: a waiter
 -- giving up only leaves the queue, letting in those behind it if the lock has room
--- for them), 1 when it let go, 2 when that let waiters in.
+-- for them, and the last to leave unmarks the holder), 1 when it let go, 2 when
+-- that let waiters in.
 local lock, queue, token, waiters = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local held, holder = state(lock)
 if not holds(lock, token, held, holder) then
@@ -21,6 +22,7 @@ if not holds(lock, token, held, holder) then
       -- A writer that stops waiting lets in the shared holders that waited for it.
       redis.call(ARGV[6], ARGV[5], '')
     end
+    unmark_when_alone(lock, queue)
   end
   return 0
 end
