@@ -82,29 +82,40 @@ async fn a_chain_of_hand_offs_asks_redis_nothing_and_tokens_keep_growing() {
 async fn a_chain_past_its_bound_stays_in_the_client_while_no_other_client_waits() {
     let redis = RedisServer::start();
     let client = client_with(&redis, 4, Duration::from_secs(10)).await;
+    let other = LockClient::connect(&redis.url()).await.unwrap();
     let options = LockOptions::new().fencing(true);
-    let first = client.acquire("press", &options).await.unwrap();
-    let first_token = first.fencing_token().unwrap();
-    let (calls, reads) = (redis.lock_calls(), redis.calls("get"));
-    let history = queue_behind(&client, first, 10, &options).await;
-    assert_eq!(history.check(), Ok(10));
-    assert_eq!(
-        redis.lock_calls() - calls,
-        1,
-        "ten hand-offs in chains of at most four, each found with nobody else waiting: \
-         no acquisition but the first, and one release"
-    );
-    // One check halfway through each chain of four, and a read in the release
-    // script where the server has no compare-and-delete of its own.
-    let checks = redis.calls("get") - reads;
-    assert!(
-        (1..=6).contains(&checks),
-        "{checks} checks for ten hand-offs"
-    );
+    for another_gave_up in [false, true] {
+        let first = client.acquire("press", &options).await.unwrap();
+        let first_token = first.fencing_token().unwrap();
+        if another_gave_up {
+            // It joined the queue behind `first` and left it: nobody waits again.
+            let impatient = LockOptions::new().timeout(Duration::from_millis(100));
+            let gave_up = other.acquire("press", &impatient).await;
+            assert!(matches!(gave_up, Err(LockError::Timeout { .. })));
+            other.shutdown().await;
+        }
+        let (calls, reads) = (redis.lock_calls(), redis.calls("get"));
+        let history = queue_behind(&client, first, 10, &options).await;
+        assert_eq!(history.check(), Ok(10));
+        assert_eq!(
+            redis.lock_calls() - calls,
+            1,
+            "ten hand-offs in chains of at most four, each found with nobody else \
+             waiting: no acquisition but the first, and one release (another client \
+             came and gave up first: {another_gave_up})"
+        );
+        // One check halfway through each chain of four, and a read in the release
+        // script where the server has no compare-and-delete of its own.
+        let checks = redis.calls("get") - reads;
+        assert!(
+            (1..=6).contains(&checks),
+            "{checks} checks for ten hand-offs"
+        );
 
-    let next = client.acquire("press", &options).await.unwrap();
-    assert!(next.fencing_token().unwrap() > first_token + 10);
-    next.release().await.unwrap();
+        let next = client.acquire("press", &options).await.unwrap();
+        assert!(next.fencing_token().unwrap() > first_token + 10);
+        next.release().await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
