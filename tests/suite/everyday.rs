@@ -29,14 +29,18 @@ fn ran_since(
         .collect()
 }
 
+/// The server's own compare-and-delete, if it has one: the client looks for
+/// `DELIFEQ` (Valkey 9) first, then `DELEX` (Redis 8.4).
+fn native_compare_and_delete(redis: &RedisServer) -> Option<&'static str> {
+    ["delifeq", "delex"]
+        .into_iter()
+        .find(|command| redis.has_command(command))
+}
+
 #[tokio::test]
 async fn an_uncontended_release_is_a_plain_compare_and_delete() {
     let redis = RedisServer::start();
-    // The server's own compare-and-delete, if it has one: the client looks for
-    // `DELIFEQ` first.
-    let native = ["delifeq", "delex"]
-        .into_iter()
-        .find(|command| redis.has_command(command));
+    let native = native_compare_and_delete(&redis);
     let client = LockClient::connect(&redis.url()).await.unwrap();
     let options = LockOptions::new().lease(Duration::from_secs(10));
     let commands = [
@@ -127,9 +131,7 @@ async fn a_holder_with_a_client_waiting_renews_it_and_lets_that_client_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_whose_waiters_left_is_renewed_and_released_as_one_nobody_wanted() {
     let redis = RedisServer::start();
-    let native_release = ["delifeq", "delex"]
-        .into_iter()
-        .any(|command| redis.has_command(command));
+    let native_release = native_compare_and_delete(&redis).is_some();
     let native_renewal = has_set_ifeq(&redis);
     let holder = LockClient::connect(&redis.url()).await.unwrap();
     let quitter = LockClient::connect(&redis.url()).await.unwrap();
@@ -166,7 +168,7 @@ async fn a_lock_whose_waiters_left_is_renewed_and_released_as_one_nobody_wanted(
     let commands = ["set", "evalsha"];
     let before = calls(&redis, &commands);
     guard.extend(Duration::from_secs(20)).await.unwrap();
-    let renewal = if native_renewal { 1 } else { 0 };
+    let renewal = u64::from(native_renewal);
     assert_eq!(
         ran_since(&redis, &commands, &before),
         [("set", renewal), ("evalsha", 1 - renewal)]
@@ -276,9 +278,7 @@ async fn scripts_the_server_forgot_are_loaded_again() {
         None,
         "released"
     );
-    let native = ["delifeq", "delex"]
-        .into_iter()
-        .any(|command| redis.has_command(command));
+    let native = native_compare_and_delete(&redis).is_some();
     assert_eq!(
         redis.calls("script|load") - loads,
         2 - u64::from(native),
