@@ -3,8 +3,8 @@
 //! of its own through a channel, in a buffer of its own, and parses every answer
 //! with a general parser: that was half the client's work on the everyday acquire
 //! and release. Here a request is written in place into the connection's buffer,
-//! and onto the socket at once when nothing else is in flight; one task writes what
-//! queues up behind it and reads the answers, which come in the order sent.
+//! and onto the socket at once by its caller; one task writes what the socket did
+//! not take at once and reads the answers, which come in the order sent.
 //!
 //! It speaks RESP2 and carries no pushes: TLS and subscribers stay on redis-rs'.
 
@@ -234,18 +234,20 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues a request that `write` writes, answered to `waiter`. On an idle
-    /// connection it goes onto the socket now; behind others, the driver sends it
-    /// with whatever else queued up meanwhile.
+    /// Queues a request that `write` writes, answered to `waiter`. With nothing
+    /// unsent ahead of it, its caller puts it onto the socket now, even while other
+    /// answers are due: handing each request to the driver cost a wake of the driver
+    /// per request and wrote no more at once. Behind a backlog the socket did not
+    /// take, the driver sends it with the rest.
     fn queue(&self, write: impl FnOnce(&mut Vec<u8>), waiter: Waiter) -> RedisResult<()> {
         let mut state = self.lock();
         if let Some((kind, why)) = &state.broken {
             return Err(io::Error::new(*kind, why.clone()).into());
         }
-        let idle = state.unsent.is_empty() && state.waiting.is_empty();
+        let nothing_ahead = state.unsent.is_empty();
         write(&mut state.unsent);
         state.waiting.push_back(waiter);
-        if idle && let Err(error) = state.write_some() {
+        if nothing_ahead && let Err(error) = state.write_some() {
             self.break_with(&mut state, error.kind(), &error.to_string());
         }
         if !state.unsent.is_empty()
