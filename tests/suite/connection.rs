@@ -1,12 +1,13 @@
 //! The client's own connection to Redis: many callers share it, each gets its own
-//! answer, an answer longer than one read arrives whole, and it reaches a server
-//! over a Unix socket and in another database as it does over TCP.
+//! answer, also for requests the socket could not take at once; an answer longer
+//! than one read arrives whole, and it reaches a server over a Unix socket and in
+//! another database as it does over TCP.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockInspector, LockOptions};
-use lock_tests::RedisServer;
+use lock_runtime::{ClientConfig, LockClient, LockInspector, LockOptions};
+use lock_tests::{RedisServer, TcpProxy};
 
 /// Keys whose leases differ by a minute from one to the next, so that an answer
 /// given to the wrong caller shows however slowly the test runs.
@@ -49,6 +50,56 @@ async fn answers_reach_whoever_asked_among_many_callers() {
     });
     for caller in callers.collect::<Vec<_>>() {
         caller.await.unwrap();
+    }
+    drop(guards);
+}
+
+/// Callers write their own requests onto the socket; what it does not take, and
+/// every request behind that, the connection's task sends once the socket drains. A
+/// stalled peer fills the socket: megabytes of requests wait, the first callers'
+/// partly written, and each answer still goes to whoever asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_the_socket_could_not_take_at_once_are_answered_each_to_its_caller() {
+    const CALLERS: u64 = 200;
+    // 200 requests of 60 KB are more than the sockets on the way buffer.
+    let key = |n: u64| format!("backlog:{n}:{}", "k".repeat(60_000));
+    let redis = RedisServer::start();
+    let holder = LockClient::connect(&redis.url()).await.unwrap();
+    let mut guards = Vec::new();
+    for n in 0..CALLERS {
+        let options = LockOptions::new().lease(lease_of(n)).watchdog(false);
+        guards.push(holder.acquire(&key(n), &options).await.unwrap());
+    }
+    let proxy = TcpProxy::start(redis.port()).await;
+    // A bound far past the stall, even on a slow machine: it is not what this tests.
+    let patient = ClientConfig::new().command_timeout(Duration::from_secs(20));
+    let asker = LockClient::connect_with(&proxy.url(), patient)
+        .await
+        .unwrap();
+    // Connected before the stall.
+    assert!(!asker.is_locked("backlog:free").await.unwrap());
+
+    proxy.stall();
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|n| {
+            let (asker, key) = (asker.clone(), key(n));
+            tokio::spawn(async move { asker.lease_left(&key).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.resume();
+    for (n, caller) in (0..).zip(callers) {
+        // Not `unwrap`: its debug form would print the whole key.
+        let left = caller
+            .await
+            .unwrap()
+            .unwrap_or_else(|error| panic!("key {n}: {error}"))
+            .expect("the lock is held");
+        assert!(
+            left <= lease_of(n) && left > lease_of(n) - Duration::from_secs(30),
+            "key {n} was told {left:?} left of its {:?} lease",
+            lease_of(n)
+        );
     }
     drop(guards);
 }
