@@ -56,8 +56,8 @@ async fn answers_reach_whoever_asked_among_many_callers() {
 
 /// Callers write their own requests onto the socket; what it does not take, and
 /// every request behind that, the connection's task sends once the socket drains. A
-/// stalled peer fills the socket: megabytes of requests wait, the first callers'
-/// partly written, and each answer still goes to whoever asked.
+/// stalled peer fills the socket: megabytes of requests wait, one of them partly
+/// written, and each answer still goes to whoever asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_the_socket_could_not_take_at_once_are_answered_each_to_its_caller() {
     const CALLERS: u64 = 200;
