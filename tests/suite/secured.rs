@@ -1,8 +1,8 @@
 //! Redis as production runs it: a password, an ACL user allowed only what the
 //! library needs (one server, a Cluster, Sentinel), TLS with a private CA (one
-//! server, a Cluster, Sentinel, Redlock), and the application's own `redis::Client`
-//! or `ConnectionManager`. On each, two clients exclude each other and a release
-//! wakes the other client's waiter at once.
+//! server, a Cluster, Sentinel, Redlock, a client certificate), and the
+//! application's own `redis::Client` or `ConnectionManager`. On each, two clients
+//! exclude each other and a release wakes the other client's waiter at once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -657,6 +657,25 @@ mod tls {
             .await
             .unwrap();
         exclude_and_wake(&configured, &built, &[&redis]).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_certificate_where_the_server_asks_for_one() {
+        let ca = Arc::new(TestCa::new());
+        let redis = RedisServer::start_with_tls(&ca, &["--tls-auth-clients", "yes"]);
+        let showing = || ClientConfig::new().tls_certificates(ca.client_certificates());
+        let first = LockClient::connect_with(&redis.url(), showing())
+            .await
+            .unwrap();
+        let second = LockClient::connect_with(&redis.url(), showing())
+            .await
+            .unwrap();
+        exclude_and_wake(&first, &second, &[&redis]).await;
+        let refused = LockClient::connect_with(&redis.url(), trusting(&ca)).await;
+        assert!(
+            matches!(refused, Err(LockError::Backend { .. })),
+            "connected without the certificate the server asks for: {refused:?}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -128,10 +128,13 @@ impl RedisServer {
             let dir =
                 std::env::temp_dir().join(format!("lock-tests-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).expect("create the server's folder");
-            let mut args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
-            if let Some(ca) = tls {
-                args.extend(ca.server_args());
-            }
+            // The test's own arguments last, where they override the CA's.
+            let args: Vec<String> = tls
+                .map(|ca| ca.server_args())
+                .unwrap_or_default()
+                .into_iter()
+                .chain(args.iter().map(|arg| arg.to_string()))
+                .collect();
             let mut server = RedisServer {
                 binary,
                 port,
@@ -192,10 +195,11 @@ impl RedisServer {
         self.tls.as_ref()
     }
 
-    /// A client for `url` that trusts this server's CA when it serves TLS.
+    /// A client for `url` that trusts this server's CA when it serves TLS, and shows
+    /// a certificate it signed, for a server started to ask for one.
     pub fn client_for(&self, url: &str) -> redis::Client {
         match &self.tls {
-            Some(ca) => redis::Client::build_with_tls(url, ca.certificates()),
+            Some(ca) => redis::Client::build_with_tls(url, ca.client_certificates()),
             None => redis::Client::open(url),
         }
         .expect("a valid test URL")

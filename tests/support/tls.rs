@@ -85,6 +85,19 @@ impl TestCa {
         }
     }
 
+    /// What a client needs to trust the servers and show them a certificate this CA
+    /// signed: the servers' own, which is signed for clients too.
+    pub fn client_certificates(&self) -> redis::TlsCertificates {
+        let read = |name: &str| std::fs::read(self.dir.join(name)).expect("read a certificate");
+        redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read("server.crt"),
+                client_key: read("server.key"),
+            }),
+            root_cert: Some(self.pem.clone()),
+        }
+    }
+
     /// The path of the CA's certificate (`ca.crt`), for `redis-cli --cacert`.
     pub fn file(&self, name: &str) -> String {
         self.dir.join(name).to_string_lossy().into_owned()
