@@ -12,6 +12,7 @@ mod report;
 mod scenarios;
 mod servers;
 mod stats;
+mod tls;
 mod worker;
 
 use std::path::PathBuf;
@@ -342,6 +343,12 @@ async fn bench(options: &Options) -> Report {
         true => servers::newer_servers_beside_redis(&scenarios, options.raw_retry).await,
         false => String::new(),
     };
+    let over_tls = match options.peers.contains(&PeerKind::LibraryFixed)
+        && options.peers.contains(&PeerKind::RawCareful)
+    {
+        true => tls::over_tls(&scenarios, options.raw_retry).await,
+        false => String::new(),
+    };
     let keeping = options
         .only
         .as_ref()
@@ -365,6 +372,7 @@ async fn bench(options: &Options) -> Report {
         results,
         replica_sync,
         newer_servers,
+        over_tls,
         keeping,
         demo,
         raw_retry: options.raw_retry,

@@ -180,26 +180,11 @@ impl Peer {
             }
             PeerKind::LibraryFixed => {
                 let client = LockClient::connect(url).await.map_err(|e| e.to_string())?;
-                let options = LockOptions::new().lease(FIXED_LEASE).timeout(ACQUIRE_CAP);
-                Ok(Peer::Library { client, options })
+                Ok(Peer::library_fixed(client))
             }
             PeerKind::RawCareful => {
                 let client = Client::open(url).map_err(|e| e.to_string())?;
-                // redis-rs bounds every response by 500 ms unless told not to, which
-                // arms a timer per request: the careful raw protocol has none.
-                let config = AsyncConnectionConfig::new().set_response_timeout(None);
-                let mut connection = client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                COMPARE_AND_DELETE_SCRIPT
-                    .load_async(&mut connection)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok(Peer::RawCareful {
-                    connection,
-                    retry: raw_retry,
-                })
+                Peer::raw_careful(&client, raw_retry).await
             }
             PeerKind::Raw => {
                 let client = Client::open(url).map_err(|e| e.to_string())?;
@@ -227,6 +212,28 @@ impl Peer {
             }
             PeerKind::SerialLimit => Ok(Peer::Unlocked),
         }
+    }
+
+    /// Ours with a fixed lease and no watchdog, on `client`.
+    pub(crate) fn library_fixed(client: LockClient) -> Peer {
+        let options = LockOptions::new().lease(FIXED_LEASE).timeout(ACQUIRE_CAP);
+        Peer::Library { client, options }
+    }
+
+    /// The careful raw protocol on a connection of its own to `client`'s server.
+    pub(crate) async fn raw_careful(client: &Client, retry: Duration) -> Result<Peer, String> {
+        // redis-rs bounds every response by 500 ms unless told not to, which arms a
+        // timer per request: the careful raw protocol has none.
+        let config = AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut connection = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| e.to_string())?;
+        COMPARE_AND_DELETE_SCRIPT
+            .load_async(&mut connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Peer::RawCareful { connection, retry })
     }
 
     /// Waits until the lock on `key` is held, for at most [`ACQUIRE_CAP`].

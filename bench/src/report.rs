@@ -26,6 +26,8 @@ pub(crate) struct Report {
     pub(crate) replica_sync: String,
     /// The "Newer servers beside Redis 7" section, when it ran.
     pub(crate) newer_servers: String,
+    /// The "Over TLS" section, when it ran.
+    pub(crate) over_tls: String,
     /// The "Keeping many locks" section, when it ran.
     pub(crate) keeping: String,
     /// The "Flash-sale demo" section, when it ran.
@@ -365,6 +367,7 @@ impl Report {
         self.write_targets(&mut out);
         out.push_str(&self.replica_sync);
         out.push_str(&self.newer_servers);
+        out.push_str(&self.over_tls);
         out.push_str(&self.keeping);
         out.push_str(&self.demo);
         self.write_method(&mut out);

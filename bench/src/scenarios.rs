@@ -220,11 +220,20 @@ impl Participant {
     ) -> Result<Participant, String> {
         let peer = Peer::connect(kind, url, raw_retry).await?;
         let data = data_connection(url).await?;
+        Participant::warmed_up(peer, data, kind.id()).await
+    }
+
+    /// `peer`, with `data` for its sections, once warmed up under the name `id`.
+    pub(crate) async fn warmed_up(
+        peer: Peer,
+        data: MultiplexedConnection,
+        id: &str,
+    ) -> Result<Participant, String> {
         let participant = Participant {
             peer: Arc::new(peer),
             data,
         };
-        let warm_up = format!("bench:warm-up:{}:{}", kind.id(), std::process::id());
+        let warm_up = format!("bench:warm-up:{id}:{}", std::process::id());
         for _ in 0..2 {
             let held = participant.peer.acquire(&warm_up).await?;
             participant.peer.release(held).await?;
@@ -384,11 +393,14 @@ pub(crate) async fn redis_cpu(checker: &MultiplexedConnection) -> Option<Duratio
 
 /// A plain connection for the sections' GET and SET, and for checking counters.
 pub(crate) async fn data_connection(url: &str) -> Result<MultiplexedConnection, String> {
+    data_connection_of(&Client::open(url).map_err(|e| e.to_string())?).await
+}
+
+pub(crate) async fn data_connection_of(client: &Client) -> Result<MultiplexedConnection, String> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(2)))
         .set_response_timeout(Some(Duration::from_secs(10)));
-    Client::open(url)
-        .map_err(|e| e.to_string())?
+    client
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(|e| e.to_string())
