@@ -15,6 +15,7 @@ use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 use crate::peers::{Peer, PeerKind};
+use crate::stats::median;
 
 /// Commands a client sends when it (re)connects, not for any one lock.
 pub(crate) const SETUP_COMMANDS: &[&str] = &[
@@ -244,6 +245,26 @@ impl Participant {
             .await
             .map_err(|e| e.to_string())?;
         Ok(participant)
+    }
+
+    /// The median sections per second of each of `participants` in `scenario`,
+    /// run back to back each round with a different one first, to spread drift;
+    /// their keys under `bench:<section>:`.
+    pub(crate) async fn median_rates_in_turn(
+        participants: &[Participant],
+        scenario: &Scenario,
+        section: &str,
+    ) -> Vec<Option<f64>> {
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); participants.len()];
+        for round in 0..scenario.rounds {
+            for turn in 0..participants.len() {
+                let which = (round + turn) % participants.len();
+                let prefix = format!("bench:{section}:{}:{which}:round-{round}", scenario.slug);
+                let (tally, elapsed) = participants[which].run_scenario(&prefix, scenario).await;
+                rates[which].push(tally.completed as f64 / elapsed.as_secs_f64());
+            }
+        }
+        rates.iter().map(|rates| median(rates)).collect()
     }
 
     /// `scenario` in this process.

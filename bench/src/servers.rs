@@ -13,7 +13,7 @@ use lock_tests::RedisServer;
 use crate::peers::PeerKind;
 use crate::placement;
 use crate::scenarios::{Participant, Scenario};
-use crate::stats::median;
+use crate::stats::ours_and_raw_cells;
 
 /// Each server's binary, and its name in the report.
 const SERVERS: [(&str, &str); 3] = [
@@ -80,26 +80,11 @@ pub(crate) async fn newer_servers_beside_redis(
     out.push_str(&"--:|".repeat(3 * present.len()));
     out.push('\n');
     for scenario in scenarios {
-        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); participants.len()];
-        for round in 0..scenario.rounds {
-            for turn in 0..participants.len() {
-                // A different one goes first each round, to spread drift.
-                let which = (round + turn) % participants.len();
-                let prefix = format!("bench:servers:{}:{which}:round-{round}", scenario.slug);
-                let (tally, elapsed) = participants[which].run_scenario(&prefix, scenario).await;
-                rates[which].push(tally.completed as f64 / elapsed.as_secs_f64());
-            }
-        }
-        let medians: Vec<Option<f64>> = rates.iter().map(|rates| median(rates)).collect();
-        let shown = |rate: Option<f64>| rate.map_or("n/a".to_owned(), |rate| format!("{rate:.0}"));
+        let medians = Participant::median_rates_in_turn(&participants, scenario, "servers").await;
         let _ = write!(out, "| {} |", scenario.name);
         // Ours then raw, server by server, as `participants` was filled.
         for pair in medians.chunks(PEERS.len()) {
-            let (ours, raw) = (pair[0], pair[1]);
-            let ratio = ours.zip(raw).map_or("n/a".to_owned(), |(ours, raw)| {
-                format!("{:.2}×", ours / raw)
-            });
-            let _ = write!(out, " {} | {} | {ratio} |", shown(ours), shown(raw));
+            out.push_str(&ours_and_raw_cells(pair[0], pair[1]));
         }
         out.push('\n');
         eprintln!("newer servers beside redis 7: {} done", scenario.slug);

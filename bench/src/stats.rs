@@ -17,6 +17,15 @@ pub(crate) fn median(values: &[f64]) -> Option<f64> {
     })
 }
 
+/// Table cells for two median rates, ours then raw's, and ours over raw's.
+pub(crate) fn ours_and_raw_cells(ours: Option<f64>, raw: Option<f64>) -> String {
+    let shown = |rate: Option<f64>| rate.map_or("n/a".to_owned(), |rate| format!("{rate:.0}"));
+    let ratio = ours.zip(raw).map_or("n/a".to_owned(), |(ours, raw)| {
+        format!("{:.2}×", ours / raw)
+    });
+    format!(" {} | {} | {ratio} |", shown(ours), shown(raw))
+}
+
 /// The lowest and the highest of `values`, all of them at least 0.
 pub(crate) fn lowest_and_highest(values: &[f64]) -> (f64, f64) {
     let lowest = values.iter().copied().fold(f64::INFINITY, f64::min);

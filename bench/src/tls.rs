@@ -14,7 +14,7 @@ use redis::Client;
 use crate::peers::Peer;
 use crate::placement;
 use crate::scenarios::{Participant, Scenario, data_connection_of};
-use crate::stats::median;
+use crate::stats::ours_and_raw_cells;
 
 /// The "Over TLS" section of the report.
 pub(crate) async fn over_tls(scenarios: &[Scenario], raw_retry: Duration) -> String {
@@ -46,27 +46,9 @@ pub(crate) async fn over_tls(scenarios: &[Scenario], raw_retry: Duration) -> Str
     };
     out.push_str("| Scenario | Ours | Raw, careful | Ours ÷ raw |\n|---|--:|--:|--:|\n");
     for scenario in scenarios {
-        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); participants.len()];
-        for round in 0..scenario.rounds {
-            for turn in 0..participants.len() {
-                let which = (round + turn) % participants.len();
-                let prefix = format!("bench:tls:{}:{which}:round-{round}", scenario.slug);
-                let (tally, elapsed) = participants[which].run_scenario(&prefix, scenario).await;
-                rates[which].push(tally.completed as f64 / elapsed.as_secs_f64());
-            }
-        }
-        let (ours, raw) = (median(&rates[0]), median(&rates[1]));
-        let shown = |rate: Option<f64>| rate.map_or("n/a".to_owned(), |rate| format!("{rate:.0}"));
-        let ratio = ours.zip(raw).map_or("n/a".to_owned(), |(ours, raw)| {
-            format!("{:.2}×", ours / raw)
-        });
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {ratio} |",
-            scenario.name,
-            shown(ours),
-            shown(raw)
-        );
+        let medians = Participant::median_rates_in_turn(&participants, scenario, "tls").await;
+        let cells = ours_and_raw_cells(medians[0], medians[1]);
+        let _ = writeln!(out, "| {} |{cells}", scenario.name);
         eprintln!("over tls: {} done", scenario.slug);
     }
     out.push('\n');
