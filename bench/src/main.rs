@@ -194,7 +194,7 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
             "Uncontended, 1 task",
             1,
             1,
-            pick(2_000, 200),
+            pick(10_000, 200),
             Contention::DistinctKeys,
         ),
         scenario(
@@ -202,7 +202,7 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
             "Uncontended, 64 tasks",
             1,
             64,
-            pick(1_000, 10),
+            pick(4_000, 10),
             Contention::DistinctKeys,
         ),
         scenario(
