@@ -3,8 +3,9 @@
 //! of its own through a channel, in a buffer of its own, and parses every answer
 //! with a general parser: that was half the client's work on the everyday acquire
 //! and release. Here a request is written in place into the connection's buffer,
-//! and onto the socket at once by its caller; one task writes what the socket did
-//! not take at once and reads the answers, which come in the order sent.
+//! and onto the socket at once by its caller when no answer is due; one task reads
+//! the answers, which come in the order sent, and as each batch arrives writes all
+//! that queued behind it, so that Redis reads many requests at a time when busy.
 //!
 //! It speaks RESP2 and carries no pushes: TLS and subscribers stay on redis-rs'.
 
@@ -234,20 +235,22 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues a request that `write` writes, answered to `waiter`. With nothing
-    /// unsent ahead of it, its caller puts it onto the socket now, even while other
-    /// answers are due: handing each request to the driver cost a wake of the driver
-    /// per request and wrote no more at once. Behind a backlog the socket did not
-    /// take, the driver sends it with the rest.
+    /// Queues a request that `write` writes, answered to `waiter`. On an idle
+    /// connection its caller puts it onto the socket now. Behind answers due, it
+    /// waits for the next of them: their arrival wakes the driver, which sends every
+    /// request queued by then in one write, so Redis reads them in one batch too.
     fn queue(&self, write: impl FnOnce(&mut Vec<u8>), waiter: Waiter) -> RedisResult<()> {
         let mut state = self.lock();
         if let Some((kind, why)) = &state.broken {
             return Err(io::Error::new(*kind, why.clone()).into());
         }
-        let nothing_ahead = state.unsent.is_empty();
+        let idle = state.unsent.is_empty() && state.waiting.is_empty();
         write(&mut state.unsent);
         state.waiting.push_back(waiter);
-        if nothing_ahead && let Err(error) = state.write_some() {
+        if !idle {
+            return Ok(());
+        }
+        if let Err(error) = state.write_some() {
             self.break_with(&mut state, error.kind(), &error.to_string());
         }
         if !state.unsent.is_empty()
@@ -661,6 +664,104 @@ mod tests {
         .await;
         assert_eq!(reading.await.unwrap().unwrap(), vec![b'x'; backlog]);
         assert!(state.unsent.capacity() <= BUFFER_SIZE);
+    }
+
+    /// A server that answers by hand: reads requests as they arrive.
+    struct ByHand {
+        socket: TcpStream,
+        received: Vec<u8>,
+    }
+
+    impl ByHand {
+        /// What one read brings: the whole requests in it, and any before it left over.
+        async fn read_once(&mut self) -> Vec<Value> {
+            let mut piece = vec![0; BUFFER_SIZE];
+            let read = loop {
+                self.socket.readable().await.unwrap();
+                match self.socket.try_read(&mut piece) {
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                    read => break read.unwrap(),
+                }
+            };
+            self.received.extend_from_slice(&piece[..read]);
+            let mut requests = Vec::new();
+            while let Some((request, used)) = parse(&self.received).unwrap() {
+                self.received.drain(..used);
+                requests.push(request);
+            }
+            requests
+        }
+
+        async fn read(&mut self, count: usize) -> Vec<Value> {
+            let mut requests = Vec::new();
+            while requests.len() < count {
+                requests.extend(self.read_once().await);
+            }
+            requests
+        }
+
+        async fn answer(&mut self, answers: &[u8]) {
+            self.socket.writable().await.unwrap();
+            assert_eq!(self.socket.try_write(answers).unwrap(), answers.len());
+        }
+    }
+
+    fn get(key: &str) -> Value {
+        Value::Array(vec![
+            Value::BulkString(b"GET".to_vec()),
+            Value::BulkString(key.as_bytes().to_vec()),
+        ])
+    }
+
+    #[tokio::test]
+    async fn requests_made_while_an_answer_is_due_go_out_together_when_it_arrives() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let info = redis::IntoConnectionInfo::into_connection_info(format!(
+            "redis://{}",
+            listener.local_addr().unwrap()
+        ))
+        .unwrap();
+        let serving = async {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut server = ByHand {
+                socket,
+                received: Vec::new(),
+            };
+            // CLIENT SETINFO, twice.
+            server.read(2).await;
+            server.answer(b"+OK\r\n+OK\r\n").await;
+            server
+        };
+        let (pipe, mut server) =
+            tokio::join!(Pipe::connect(&info, Duration::from_secs(5)), serving);
+        let pipe = pipe.unwrap();
+        let send = |key: &str| {
+            let (pipe, mut cmd) = (pipe.clone(), redis::cmd("GET"));
+            cmd.arg(key);
+            tokio::spawn(async move { pipe.send(&cmd).await })
+        };
+
+        let first = send("a");
+        assert_eq!(server.read(1).await, vec![get("a")]);
+        let behind = [send("b"), send("c"), send("d")];
+        let nothing_yet =
+            tokio::time::timeout(Duration::from_millis(200), server.read_once()).await;
+        assert!(
+            nothing_yet.is_err(),
+            "sent before the answer due: {nothing_yet:?}"
+        );
+
+        server.answer(b":1\r\n").await;
+        assert_eq!(
+            server.read_once().await,
+            vec![get("b"), get("c"), get("d")],
+            "all three in one write"
+        );
+        server.answer(b":2\r\n:3\r\n:4\r\n").await;
+        assert_eq!(first.await.unwrap().unwrap(), Value::Int(1));
+        for (task, answer) in behind.into_iter().zip(2..) {
+            assert_eq!(task.await.unwrap().unwrap(), Value::Int(answer));
+        }
     }
 
     #[test]
