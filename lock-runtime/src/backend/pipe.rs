@@ -46,7 +46,8 @@ struct State {
     waiting: VecDeque<Waiter>,
     /// Why the connection can no longer be used, once it cannot.
     broken: Option<(io::ErrorKind, String)>,
-    /// The task that writes and reads, to wake when requests queue up.
+    /// The task that reads and writes what queued up, to wake when a caller leaves
+    /// some of its request unsent.
     driver: Option<Waker>,
 }
 
