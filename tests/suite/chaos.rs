@@ -359,7 +359,6 @@ async fn run(mut servers: Servers, default_target: usize) {
     // Faults, one kind after another, until most of the sections are done.
     let (kinds, rounds) = servers.faults();
     let mut injected: Vec<Injected> = Vec::new();
-    let mut recoveries: Vec<Duration> = Vec::new();
     while injected.len() < kinds.len() * rounds || reports.count() < target * 4 / 5 {
         reports.assert_progress(started, "under faults");
         let fault = kinds[injected.len() % kinds.len()];
@@ -394,7 +393,6 @@ async fn run(mut servers: Servers, default_target: usize) {
                 );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            recoveries.push(waiting.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -430,7 +428,6 @@ async fn run(mut servers: Servers, default_target: usize) {
             &topology[0],
             &sections,
             &injected,
-            &recoveries,
             started.elapsed().unwrap_or_default()
         )
     );
@@ -441,15 +438,34 @@ async fn run(mut servers: Servers, default_target: usize) {
     );
 }
 
+/// How long after a failover ended every key had a section, begun since, held to its
+/// end, and the last key to have one: when it was asked for and when it began.
+fn recovery(sections: &[Section], failover_ended: SystemTime) -> String {
+    let since = |at: SystemTime| match at.duration_since(failover_ended) {
+        Ok(after) => after.as_secs_f64(),
+        Err(before) => -before.duration().as_secs_f64(),
+    };
+    let first_held = |key: &str| {
+        sections
+            .iter()
+            .filter(|s| s.key == key && s.held && s.from > failover_ended)
+            .min_by_key(|s| s.until)
+    };
+    let Some(last) = keys().filter_map(first_held).max_by_key(|s| s.until) else {
+        return "(not held again)".to_owned();
+    };
+    format!(
+        "{:.1} s ({}: asked {:+.1} s, began {:+.1} s)",
+        since(last.until),
+        last.key,
+        since(last.asked),
+        since(last.from)
+    )
+}
+
 /// The run in a few lines: sections held and lost by worker and key, the faults,
 /// and how long each failover took to recover from.
-fn summary(
-    topology: &str,
-    sections: &[Section],
-    injected: &[Injected],
-    recoveries: &[Duration],
-    took: Duration,
-) -> String {
+fn summary(topology: &str, sections: &[Section], injected: &[Injected], took: Duration) -> String {
     let lost = sections.iter().filter(|s| !s.held).count();
     let mut faults: BTreeMap<Fault, usize> = BTreeMap::new();
     for fault in injected {
@@ -476,11 +492,12 @@ fn summary(
         faults.join(", "),
         took.as_secs_f64()
     );
+    let recoveries: Vec<String> = injected
+        .iter()
+        .filter(|f| f.fault == Fault::FailOver)
+        .map(|failover| recovery(sections, failover.until))
+        .collect();
     if !recoveries.is_empty() {
-        let recoveries: Vec<String> = recoveries
-            .iter()
-            .map(|took| format!("{:.1} s", took.as_secs_f64()))
-            .collect();
         text.push_str(&format!(
             "\n  failovers: {lost_in_failovers} sections lost across them; every key held \
              again after {}",
