@@ -5,6 +5,8 @@
 //! after `until`, so a yes covers it). A key given as `<key>=<ms>` is held that
 //! long in each section, past the lease, so that only the watchdog keeps it; its
 //! sections also print `enter <key>` as they begin. Other keys are held for 1 ms.
+//! An acquisition that fails prints `failed <key> <at ns> <what>`, `what` being the
+//! error's kind in one word.
 //!
 //! Usage: `chaos-worker <keys,comma,separated> <tasks per key> <topology>`,
 //! the topology being one of `redis <url>`, `cluster <url,url,..>`,
@@ -28,6 +30,28 @@ fn nanos_now() -> u128 {
 
 fn say(line: &str) {
     let _ = std::io::stdout().lock().write_all(line.as_bytes());
+}
+
+/// The kind of a failed acquisition, in one word: a Redis error by its code or kind.
+fn what_failed(error: &LockError) -> String {
+    let what = match error {
+        LockError::Timeout { .. } => "timeout".to_owned(),
+        LockError::Replication { .. } => "unreplicated".to_owned(),
+        LockError::Quorum { .. } => "no-quorum".to_owned(),
+        LockError::Backend { source, .. } => match source.code() {
+            Some(code) => code.to_owned(),
+            None => format!("{:?}", source.kind()),
+        },
+        other => {
+            let shown = format!("{other:?}");
+            shown
+                .split([' ', '{', '('])
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        }
+    };
+    what.split_whitespace().collect::<Vec<_>>().join("_")
 }
 
 async fn connect(topology: &[String], config: ClientConfig) -> Result<LockClient, LockError> {
@@ -89,8 +113,13 @@ async fn main() {
             workers.spawn(async move {
                 loop {
                     let asked = nanos_now();
-                    let Ok(guard) = client.acquire(&key, &options).await else {
-                        continue;
+                    let guard = match client.acquire(&key, &options).await {
+                        Ok(guard) => guard,
+                        Err(error) => {
+                            let what = what_failed(&error);
+                            say(&format!("failed {key} {} {what}\n", nanos_now()));
+                            continue;
+                        }
                     };
                     let from = nanos_now();
                     if hold.is_some() {

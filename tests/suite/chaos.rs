@@ -68,10 +68,20 @@ struct Section {
     held: bool,
 }
 
-/// What the workers reported: their sections, and who is inside the slow key.
+/// An acquisition that failed, as its worker reported it.
+#[derive(Clone)]
+struct Failure {
+    key: String,
+    at: SystemTime,
+    what: String,
+}
+
+/// What the workers reported: their sections, their failed acquisitions, and who is
+/// inside the slow key.
 #[derive(Default)]
 struct Reports {
     sections: Mutex<Vec<Section>>,
+    failures: Mutex<Vec<Failure>>,
     slow_holder: Mutex<Option<usize>>,
 }
 
@@ -151,6 +161,14 @@ impl Worker {
                     *reports.slow_holder.lock().unwrap() = Some(number);
                     continue;
                 }
+                if let Some(failure) = line.strip_prefix("failed ") {
+                    reports
+                        .failures
+                        .lock()
+                        .unwrap()
+                        .push(parse_failure(failure));
+                    continue;
+                }
                 let section = parse(number, &line);
                 if section.key == SLOW_KEY {
                     let mut holder = reports.slow_holder.lock().unwrap();
@@ -181,12 +199,27 @@ impl Drop for Worker {
     }
 }
 
+fn time(nanos: &str) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(nanos.parse().expect("ns"))
+}
+
+fn parse_failure(line: &str) -> Failure {
+    let fields: Vec<&str> = line.split(' ').collect();
+    let [key, at, what] = fields[..] else {
+        panic!("a chaos worker said `failed {line}`");
+    };
+    Failure {
+        key: key.to_owned(),
+        at: time(at),
+        what: what.to_owned(),
+    }
+}
+
 fn parse(worker: usize, line: &str) -> Section {
     let fields: Vec<&str> = line.split(' ').collect();
     let [key, token, asked, from, until, held] = fields[..] else {
         panic!("a chaos worker said {line:?}");
     };
-    let time = |nanos: &str| UNIX_EPOCH + Duration::from_nanos(nanos.parse().expect("ns"));
     Section {
         worker,
         key: key.to_owned(),
@@ -407,6 +440,7 @@ async fn run(mut servers: Servers, default_target: usize) {
     drop(workers);
 
     let sections = reports.sections.lock().unwrap().clone();
+    let failures = reports.failures.lock().unwrap().clone();
     let history = History::new();
     for section in sections.iter().filter(|section| section.held) {
         history.record(Holding {
@@ -427,6 +461,7 @@ async fn run(mut servers: Servers, default_target: usize) {
         summary(
             &topology[0],
             &sections,
+            &failures,
             &injected,
             started.elapsed().unwrap_or_default()
         )
@@ -439,8 +474,9 @@ async fn run(mut servers: Servers, default_target: usize) {
 }
 
 /// How long after a failover ended every key had a section, begun since, held to its
-/// end, and the last key to have one: when it was asked for and when it began.
-fn recovery(sections: &[Section], failover_ended: SystemTime) -> String {
+/// end, and the last key to have one: when it was asked for, when it began, and the
+/// acquisitions of that key that failed in between.
+fn recovery(sections: &[Section], failures: &[Failure], failover_ended: SystemTime) -> String {
     let since = |at: SystemTime| match at.duration_since(failover_ended) {
         Ok(after) => after.as_secs_f64(),
         Err(before) => -before.duration().as_secs_f64(),
@@ -454,18 +490,46 @@ fn recovery(sections: &[Section], failover_ended: SystemTime) -> String {
     let Some(last) = keys().filter_map(first_held).max_by_key(|s| s.until) else {
         return "(not held again)".to_owned();
     };
+    let failed = tally(
+        failures
+            .iter()
+            .filter(|f| f.key == last.key && f.at > failover_ended && f.at <= last.from),
+    );
     format!(
-        "{:.1} s ({}: asked {:+.1} s, began {:+.1} s)",
+        "{:.1} s ({}: asked {:+.1} s, began {:+.1} s{})",
         since(last.until),
         last.key,
         since(last.asked),
-        since(last.from)
+        since(last.from),
+        failed
+            .map(|failed| format!("; failed: {failed}"))
+            .unwrap_or_default()
     )
+}
+
+/// Failed acquisitions counted by what failed, as `timeout 3, IoError 1`; none if
+/// there were none.
+fn tally<'a>(failures: impl Iterator<Item = &'a Failure>) -> Option<String> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for failure in failures {
+        *counts.entry(&failure.what).or_default() += 1;
+    }
+    let counts: Vec<String> = counts
+        .iter()
+        .map(|(what, times)| format!("{what} {times}"))
+        .collect();
+    (!counts.is_empty()).then(|| counts.join(", "))
 }
 
 /// The run in a few lines: sections held and lost by worker and key, the faults,
 /// and how long each failover took to recover from.
-fn summary(topology: &str, sections: &[Section], injected: &[Injected], took: Duration) -> String {
+fn summary(
+    topology: &str,
+    sections: &[Section],
+    failures: &[Failure],
+    injected: &[Injected],
+    took: Duration,
+) -> String {
     let lost = sections.iter().filter(|s| !s.held).count();
     let mut faults: BTreeMap<Fault, usize> = BTreeMap::new();
     for fault in injected {
@@ -492,10 +556,13 @@ fn summary(topology: &str, sections: &[Section], injected: &[Injected], took: Du
         faults.join(", "),
         took.as_secs_f64()
     );
+    if let Some(failed) = tally(failures.iter()) {
+        text.push_str(&format!("\n  acquisitions failed: {failed}"));
+    }
     let recoveries: Vec<String> = injected
         .iter()
         .filter(|f| f.fault == Fault::FailOver)
-        .map(|failover| recovery(sections, failover.until))
+        .map(|failover| recovery(sections, failures, failover.until))
         .collect();
     if !recoveries.is_empty() {
         text.push_str(&format!(
