@@ -4,14 +4,17 @@
 //! with a general parser: that was half the client's work on the everyday acquire
 //! and release. Here a request is written in place into the connection's buffer,
 //! and onto the socket at once by its caller when no answer is due; one task reads
-//! the answers, which come in the order sent, and as each batch arrives writes all
-//! that queued behind it, so that Redis reads many requests at a time when busy.
+//! the answers, which come in the order sent, and writes all that queued behind them
+//! in one write: when answers arrive, and again once the tasks they woke have run.
+//! So Redis reads many requests at a time when busy, and has the next ones before it
+//! is done with these.
 //!
 //! It speaks RESP2 and carries no pushes: TLS and subscribers stay on redis-rs'.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::io;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker, ready};
@@ -237,9 +240,10 @@ impl Shared {
     }
 
     /// Queues a request that `write` writes, answered to `waiter`. On an idle
-    /// connection its caller puts it onto the socket now. Behind answers due, it
-    /// waits for the next of them: their arrival wakes the driver, which sends every
-    /// request queued by then in one write, so Redis reads them in one batch too.
+    /// connection its caller puts it onto the socket now. Behind answers due, the
+    /// driver sends it with every other request queued by then in one write, so that
+    /// Redis reads them in one batch too: when the next answers arrive, or when the
+    /// tasks that the last answers woke have run, whichever is first.
     fn queue(&self, write: impl FnOnce(&mut Vec<u8>), waiter: Waiter) -> RedisResult<()> {
         let mut state = self.lock();
         if let Some((kind, why)) = &state.broken {
@@ -318,50 +322,63 @@ impl Shared {
         }
     }
 
-    fn poll_drive(&self, cx: &mut Context<'_>, reader: &mut Reader, input: &mut Input) -> Poll<()> {
-        loop {
-            {
-                let mut state = self.lock();
-                if state.broken.is_some() {
-                    return Poll::Ready(());
-                }
-                if let Err(error) = state.poll_write(cx) {
-                    self.break_with(&mut state, error.kind(), &error.to_string());
-                    return Poll::Ready(());
-                }
-                if !state
-                    .driver
-                    .as_ref()
-                    .is_some_and(|driver| driver.will_wake(cx.waker()))
-                {
-                    state.driver = Some(cx.waker().clone());
-                }
+    /// Writes what queued up, then reads once: `Continue` after the read, with every
+    /// whole answer in it handed out; `Break` once the connection ended.
+    fn poll_drive(
+        &self,
+        cx: &mut Context<'_>,
+        reader: &mut Reader,
+        input: &mut Input,
+    ) -> Poll<ControlFlow<()>> {
+        {
+            let mut state = self.lock();
+            if state.broken.is_some() {
+                return Poll::Ready(ControlFlow::Break(()));
             }
-            // A read that leaves room proves the socket drained, and the next poll
-            // waits for more without asking the socket again.
-            let outcome = match ready!(reader.poll_read(cx, input)) {
-                Ok(0) => Err(io::Error::new(
-                    io::ErrorKind::ConnectionReset,
-                    "Redis closed the connection",
-                )),
-                Ok(_) => self.answer(input),
-                Err(error) => Err(error),
-            };
-            if let Err(error) = outcome {
-                let mut state = self.lock();
+            if let Err(error) = state.poll_write(cx) {
                 self.break_with(&mut state, error.kind(), &error.to_string());
-                return Poll::Ready(());
+                return Poll::Ready(ControlFlow::Break(()));
+            }
+            if !state
+                .driver
+                .as_ref()
+                .is_some_and(|driver| driver.will_wake(cx.waker()))
+            {
+                state.driver = Some(cx.waker().clone());
             }
         }
+        // A read that leaves room proves the socket drained, and the next poll
+        // waits for more without asking the socket again.
+        let outcome = match ready!(reader.poll_read(cx, input)) {
+            Ok(0) => Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "Redis closed the connection",
+            )),
+            Ok(_) => self.answer(input),
+            Err(error) => Err(error),
+        };
+        if let Err(error) = outcome {
+            let mut state = self.lock();
+            self.break_with(&mut state, error.kind(), &error.to_string());
+            return Poll::Ready(ControlFlow::Break(()));
+        }
+        Poll::Ready(ControlFlow::Continue(()))
     }
 }
 
 /// Writes what queues up behind a busy connection, and reads every answer; ends when
-/// the connection breaks or its last handle goes.
+/// the connection breaks or its last handle goes. After handing out answers it lets
+/// the tasks they woke run first, so that the requests those make go out together,
+/// while Redis still works on the ones sent before.
 async fn drive(shared: Arc<Shared>, mut reader: Reader) {
     let driver = Driver(shared);
     let mut input = Input::default();
-    poll_fn(|cx| driver.0.poll_drive(cx, &mut reader, &mut input)).await;
+    while poll_fn(|cx| driver.0.poll_drive(cx, &mut reader, &mut input))
+        .await
+        .is_continue()
+    {
+        tokio::task::yield_now().await;
+    }
 }
 
 /// The driver's hold on the connection. A runtime that shuts down drops it, and the
@@ -714,8 +731,8 @@ mod tests {
         ])
     }
 
-    #[tokio::test]
-    async fn requests_made_while_an_answer_is_due_go_out_together_when_it_arrives() {
+    /// A pipe connected to a server answering by hand, past the connection's set-up.
+    async fn pipe_to_a_server_by_hand() -> (Pipe, ByHand) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let info = redis::IntoConnectionInfo::into_connection_info(format!(
             "redis://{}",
@@ -733,9 +750,13 @@ mod tests {
             server.answer(b"+OK\r\n+OK\r\n").await;
             server
         };
-        let (pipe, mut server) =
-            tokio::join!(Pipe::connect(&info, Duration::from_secs(5)), serving);
-        let pipe = pipe.unwrap();
+        let (pipe, server) = tokio::join!(Pipe::connect(&info, Duration::from_secs(5)), serving);
+        (pipe.unwrap(), server)
+    }
+
+    #[tokio::test]
+    async fn requests_made_while_an_answer_is_due_go_out_together_when_it_arrives() {
+        let (pipe, mut server) = pipe_to_a_server_by_hand().await;
         let send = |key: &str| {
             let (pipe, mut cmd) = (pipe.clone(), redis::cmd("GET"));
             cmd.arg(key);
@@ -763,6 +784,37 @@ mod tests {
         for (task, answer) in behind.into_iter().zip(2..) {
             assert_eq!(task.await.unwrap().unwrap(), Value::Int(answer));
         }
+    }
+
+    #[tokio::test]
+    async fn requests_of_tasks_an_answer_woke_go_out_before_the_next_answer_arrives() {
+        let (pipe, mut server) = pipe_to_a_server_by_hand().await;
+        let send = |pipe: &Pipe, key: &str| {
+            let (pipe, mut cmd) = (pipe.clone(), redis::cmd("GET"));
+            cmd.arg(key);
+            async move { pipe.send(&cmd).await.unwrap() }
+        };
+        let (a, d) = (send(&pipe, "a"), send(&pipe, "d"));
+        let first = tokio::spawn(async move { (a.await, d.await) });
+        assert_eq!(server.read(1).await, vec![get("a")]);
+        let behind = tokio::spawn(send(&pipe, "b"));
+        let nothing_yet =
+            tokio::time::timeout(Duration::from_millis(100), server.read_once()).await;
+        assert!(
+            nothing_yet.is_err(),
+            "b sent before a's answer: {nothing_yet:?}"
+        );
+
+        server.answer(b":1\r\n").await;
+        // a's answer lets its task ask for d while b's answer is still due.
+        let sent = tokio::time::timeout(Duration::from_secs(2), server.read(2)).await;
+        assert_eq!(
+            sent.expect("d waited for b's answer"),
+            vec![get("b"), get("d")]
+        );
+        server.answer(b":2\r\n:3\r\n").await;
+        assert_eq!(first.await.unwrap(), (Value::Int(1), Value::Int(3)));
+        assert_eq!(behind.await.unwrap(), Value::Int(2));
     }
 
     #[test]
