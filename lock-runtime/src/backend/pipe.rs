@@ -731,6 +731,13 @@ mod tests {
         ])
     }
 
+    /// `GET key` on `pipe`, for its answer.
+    fn ask_get(pipe: &Pipe, key: &str) -> impl Future<Output = Value> + use<> {
+        let (pipe, mut cmd) = (pipe.clone(), redis::cmd("GET"));
+        cmd.arg(key);
+        async move { pipe.send(&cmd).await.unwrap() }
+    }
+
     /// A pipe connected to a server answering by hand, past the connection's set-up.
     async fn pipe_to_a_server_by_hand() -> (Pipe, ByHand) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -757,11 +764,7 @@ mod tests {
     #[tokio::test]
     async fn requests_made_while_an_answer_is_due_go_out_together_when_it_arrives() {
         let (pipe, mut server) = pipe_to_a_server_by_hand().await;
-        let send = |key: &str| {
-            let (pipe, mut cmd) = (pipe.clone(), redis::cmd("GET"));
-            cmd.arg(key);
-            tokio::spawn(async move { pipe.send(&cmd).await })
-        };
+        let send = |key: &str| tokio::spawn(ask_get(&pipe, key));
 
         let first = send("a");
         assert_eq!(server.read(1).await, vec![get("a")]);
@@ -780,24 +783,19 @@ mod tests {
             "all three in one write"
         );
         server.answer(b":2\r\n:3\r\n:4\r\n").await;
-        assert_eq!(first.await.unwrap().unwrap(), Value::Int(1));
+        assert_eq!(first.await.unwrap(), Value::Int(1));
         for (task, answer) in behind.into_iter().zip(2..) {
-            assert_eq!(task.await.unwrap().unwrap(), Value::Int(answer));
+            assert_eq!(task.await.unwrap(), Value::Int(answer));
         }
     }
 
     #[tokio::test]
     async fn requests_of_tasks_an_answer_woke_go_out_before_the_next_answer_arrives() {
         let (pipe, mut server) = pipe_to_a_server_by_hand().await;
-        let send = |pipe: &Pipe, key: &str| {
-            let (pipe, mut cmd) = (pipe.clone(), redis::cmd("GET"));
-            cmd.arg(key);
-            async move { pipe.send(&cmd).await.unwrap() }
-        };
-        let (a, d) = (send(&pipe, "a"), send(&pipe, "d"));
+        let (a, d) = (ask_get(&pipe, "a"), ask_get(&pipe, "d"));
         let first = tokio::spawn(async move { (a.await, d.await) });
         assert_eq!(server.read(1).await, vec![get("a")]);
-        let behind = tokio::spawn(send(&pipe, "b"));
+        let behind = tokio::spawn(ask_get(&pipe, "b"));
         let nothing_yet =
             tokio::time::timeout(Duration::from_millis(100), server.read_once()).await;
         assert!(
