@@ -1,11 +1,12 @@
 //! Sentinel: the client follows a failover, and where replica sync is turned off, a
 //! lock the old primary had not replicated is lost, which the holder's watchdog
 //! reports. Waiters hear releases on the new primary, and the primary takes the
-//! URL's password and database.
+//! URL's password and database. A grant is confirmed on the server that made it,
+//! even while a primary the Sentinels failed over from lives on.
 
 use std::time::Duration;
 
-use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockInspector, LockOptions};
 use lock_tests::SentinelGroup;
 use redis::Commands;
 use tokio::time::Instant;
@@ -158,4 +159,84 @@ async fn waiters_hear_releases_on_the_new_primary_after_a_failover() {
         "the waiter got the lock {heard_after:?} after its release: it polled at {pause:?} \
          instead of hearing the release on the new primary"
     );
+}
+
+/// Sentinels that fail over from a primary that lives on (frozen past down-after,
+/// then thawed) leave it answering as a primary until they demote it, seconds later.
+/// A client whose connections went different ways through that, the lock's own to
+/// the new primary and the one that confirms grants still to the old, confirms each
+/// grant where it was made all the same. With no replica left to acknowledge it, an
+/// acquisition in that window fails saying so, and leaves nothing held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_are_confirmed_where_they_were_made_while_an_old_primary_lives_on() {
+    let group = SentinelGroup::start(Duration::from_secs(1));
+    let config = ClientConfig::new().command_timeout(Duration::from_millis(200));
+    let client = LockClient::sentinel_with(group.sentinel_urls(), group.name, config)
+        .await
+        .unwrap();
+    let options = LockOptions::new()
+        .lease(Duration::from_secs(10))
+        .timeout(Duration::from_millis(1500));
+    let guard = client.acquire("order:1", &options).await.unwrap();
+    guard.release().await.unwrap();
+
+    // The lock's connection times out on the frozen primary and is dropped; the one
+    // that confirms grants sends nothing meanwhile, so it stays there.
+    group.primary.freeze();
+    let once = LockOptions::new().spin(false);
+    let frozen = client.acquire("order:1", &once).await;
+    assert!(
+        matches!(frozen, Err(LockError::Backend { .. })),
+        "{frozen:?}"
+    );
+    let promoted = group.replica.port();
+    let started = Instant::now();
+    while group.primary_port() != promoted {
+        assert!(started.elapsed() < Duration::from_secs(30), "no failover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    group.primary.thaw();
+
+    // While the Sentinels' views settle, a client may find no primary they agree on,
+    // and says so: the caller tries again.
+    let unconfirmed = loop {
+        match client.acquire("order:1", &options).await {
+            Err(LockError::Backend { .. }) if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(
+        group.primary.role(),
+        "master",
+        "the Sentinels demoted the old primary before the test could look"
+    );
+    assert!(
+        matches!(
+            unconfirmed,
+            Err(LockError::Replication {
+                acknowledged: 0,
+                ..
+            })
+        ),
+        "{unconfirmed:?}"
+    );
+    let inspector = LockInspector::connect(group.replica.url().as_str())
+        .await
+        .unwrap();
+    let left = inspector.lock("order:1").await.unwrap();
+    assert!(
+        left.is_none(),
+        "a grant not confirmed was left held: {left:?}"
+    );
+
+    // Demoted, the old primary acknowledges grants as the new one's replica.
+    while group.primary.role() != "slave" {
+        assert!(started.elapsed() < Duration::from_secs(60), "never demoted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let options = options.timeout(Duration::from_secs(5));
+    let guard = client.acquire("order:1", &options).await.unwrap();
+    guard.release().await.unwrap();
 }

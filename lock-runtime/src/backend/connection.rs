@@ -23,7 +23,7 @@ use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 use tokio::runtime::Handle;
@@ -436,6 +436,21 @@ async fn sentinel_replicas(url: &str, primary: &str, config: &ClientConfig) -> R
 }
 
 impl Connection {
+    /// Has the next call ask the Sentinels again which primary to reach, if this
+    /// connection reached one through them at least `settled` ago. A primary they
+    /// failed over from while it lived on answers as a primary until they demote it,
+    /// seconds later, and a connection made before the failover stays with it.
+    pub(crate) fn ask_sentinels_again(&self, settled: Duration) {
+        if let Connection::Own(own) = self
+            && matches!(own.shared.source, Source::Sentinel(_))
+        {
+            let mut slot = own.write_slot();
+            if slot.made_at.is_some_and(|at| at.elapsed() >= settled) {
+                slot.current = None;
+            }
+        }
+    }
+
     /// `cmd`'s answer, as `query_async` would give it. On our own connection the
     /// request is not boxed (`ConnectionLike` boxes every request): the caller's future
     /// holds it, which spares the everyday acquire and release an allocation each.
@@ -556,6 +571,8 @@ struct Slot {
     made: u64,
     /// The one calls take now.
     current: Option<Made>,
+    /// When `current` was made.
+    made_at: Option<Instant>,
 }
 
 /// A connection made, numbered so that a call that fails on it forgets it and none
@@ -745,6 +762,7 @@ impl Reconnecting {
         let made = {
             let mut slot = self.write_slot();
             slot.made += 1;
+            slot.made_at = Some(Instant::now());
             let made = Made {
                 number: slot.made,
                 link,

@@ -292,15 +292,33 @@ impl RedisNode {
         let confirmed = replication.confirm(name, token).await;
         match confirmed.map_err(|source| LockError::backend(name.key(), source))? {
             Confirmed::Yes => Ok(Attempt::Granted { fence }),
-            Confirmed::NotHeld => Ok(Attempt::Busy {
-                retry_in: None,
-                fence: None,
-            }),
+            // The grant's lease ended already, or, on Sentinel, it was made on
+            // another server than the one asked to confirm it: the two connections
+            // went different ways through a failover. Whatever it may still hold
+            // there goes, so that it keeps nobody out for a lease.
+            Confirmed::NotHeld => {
+                let _ = Box::pin(self.release(name, token, Waiters::Queue)).await;
+                self.ask_sentinels_again(replication);
+                Ok(Attempt::Busy {
+                    retry_in: None,
+                    fence: None,
+                })
+            }
             Confirmed::Short(shortfall) => {
                 Box::pin(self.release(name, token, Waiters::Queue)).await?;
+                self.ask_sentinels_again(replication);
                 Ok(Attempt::Unreplicated(shortfall))
             }
         }
+    }
+
+    /// After a grant was not confirmed: on Sentinel, the next requests and the next
+    /// confirmation find the primary the Sentinels name now, should either
+    /// connection still reach one they failed over from. At most once a second each.
+    fn ask_sentinels_again(&self, replication: &Replication) {
+        const SETTLED: Duration = Duration::from_secs(1);
+        self.connection.ask_sentinels_again(SETTLED);
+        replication.ask_sentinels_again(SETTLED);
     }
 
     /// Frees the lock if `token` holds it, telling `waiters`; a token that waits in

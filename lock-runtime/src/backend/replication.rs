@@ -169,6 +169,11 @@ impl Replication {
         }))
     }
 
+    /// See [`Connection::ask_sentinels_again`].
+    pub(crate) fn ask_sentinels_again(&self, settled: Duration) {
+        self.rounds.connection.ask_sentinels_again(settled);
+    }
+
     /// Whether the replicas required have what `token` was granted or renewed on
     /// `name`, once the answer that said so has arrived.
     pub(crate) async fn confirm(&self, name: &LockName, token: &str) -> RedisResult<Confirmed> {
