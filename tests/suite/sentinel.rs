@@ -89,15 +89,25 @@ async fn the_primary_takes_the_urls_password_and_database() {
 /// Takes `key` on `client`, retrying while the client finds its way to a new
 /// primary after a failover.
 async fn acquire_after_failover(client: &LockClient, key: &str) -> lock_runtime::LockGuard {
+    let acquired = after_failover(client, key, &LockOptions::new()).await;
+    acquired.unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// What acquiring `key` on `client` comes to once the client finds a primary after a
+/// failover: while the Sentinels' views settle it may find none they agree on, and
+/// says so (a `Backend` error, tried again here for up to 10 s).
+async fn after_failover(
+    client: &LockClient,
+    key: &str,
+    options: &LockOptions,
+) -> Result<lock_runtime::LockGuard, LockError> {
     let started = Instant::now();
     loop {
-        match client.acquire(key, &LockOptions::new()).await {
-            Ok(guard) => return guard,
-            Err(error @ LockError::Backend { .. }) => {
-                assert!(started.elapsed() < Duration::from_secs(10), "{error}");
+        match client.acquire(key, options).await {
+            Err(LockError::Backend { .. }) if started.elapsed() < Duration::from_secs(10) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(error) => panic!("{error}"),
+            acquired => return acquired,
         }
     }
 }
@@ -197,16 +207,7 @@ async fn grants_are_confirmed_where_they_were_made_while_an_old_primary_lives_on
     }
     group.primary.thaw();
 
-    // While the Sentinels' views settle, a client may find no primary they agree on,
-    // and says so: the caller tries again.
-    let unconfirmed = loop {
-        match client.acquire("order:1", &options).await {
-            Err(LockError::Backend { .. }) if started.elapsed() < Duration::from_secs(30) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => break other,
-        }
-    };
+    let unconfirmed = after_failover(&client, "order:1", &options).await;
     assert_eq!(
         group.primary.role(),
         "master",
