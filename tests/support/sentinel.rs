@@ -9,29 +9,39 @@ pub struct SentinelGroup {
     pub name: &'static str,
     pub primary: RedisServer,
     pub replica: RedisServer,
+    /// Replicas beyond `replica`, which the Sentinels may promote as well: none unless
+    /// started by [`start_with_replicas`](Self::start_with_replicas). The helpers that
+    /// fail over take `replica` for the one promoted, so they are for groups without.
+    pub more_replicas: Vec<RedisServer>,
     pub sentinels: Vec<RedisServer>,
 }
 
 impl SentinelGroup {
     /// Sentinels declare the primary down after `down_after`.
     pub fn start(down_after: Duration) -> SentinelGroup {
-        Self::start_as(down_after, None, None)
+        Self::start_as(down_after, 1, None, None)
+    }
+
+    /// Like [`start`](Self::start), with `replicas` replicas (at least 1).
+    pub fn start_with_replicas(down_after: Duration, replicas: usize) -> SentinelGroup {
+        Self::start_as(down_after, replicas, None, None)
     }
 
     /// Like [`start`](Self::start), with every server and Sentinel requiring
     /// `password`.
     pub fn start_with_password(down_after: Duration, password: &str) -> SentinelGroup {
-        Self::start_as(down_after, Some(password), None)
+        Self::start_as(down_after, 1, Some(password), None)
     }
 
     /// Like [`start`](Self::start), with every server and Sentinel speaking TLS only,
     /// with certificates `ca` signed.
     pub fn start_with_tls(down_after: Duration, ca: &Arc<TestCa>) -> SentinelGroup {
-        Self::start_as(down_after, None, Some(ca))
+        Self::start_as(down_after, 1, None, Some(ca))
     }
 
     fn start_as(
         down_after: Duration,
+        replicas: usize,
         password: Option<&str>,
         tls: Option<&Arc<TestCa>>,
     ) -> SentinelGroup {
@@ -46,7 +56,8 @@ impl SentinelGroup {
         let quick_sync = ["--repl-diskless-sync-delay", "0"];
         let primary = server(&quick_sync);
         let port = primary.port().to_string();
-        let replica = server(&[&quick_sync[..], &["--replicaof", "127.0.0.1", &port]].concat());
+        let replica = || server(&[&quick_sync[..], &["--replicaof", "127.0.0.1", &port]].concat());
+        let (replica, more_replicas) = (replica(), (1..replicas).map(|_| replica()).collect());
         let down_after_ms = down_after.as_millis() as u64;
         let sentinels = (0..3)
             .map(|_| {
@@ -57,6 +68,7 @@ impl SentinelGroup {
             name,
             primary,
             replica,
+            more_replicas,
             sentinels,
         };
         group.wait_until_watching();
@@ -70,6 +82,21 @@ impl SentinelGroup {
     /// The port of the primary the Sentinels name now.
     pub fn primary_port(&self) -> u16 {
         primary_named_by(&self.sentinels[0], self.name).expect("the Sentinel names a primary")
+    }
+
+    /// The server the Sentinels name the primary now.
+    pub fn named_primary(&self) -> &RedisServer {
+        let port = self.primary_port();
+        self.servers()
+            .find(|server| server.port() == port)
+            .expect("the Sentinels name one of the group's servers")
+    }
+
+    /// The primary, then the replicas, as the group started them.
+    fn servers(&self) -> impl Iterator<Item = &RedisServer> {
+        [&self.primary, &self.replica]
+            .into_iter()
+            .chain(&self.more_replicas)
     }
 
     /// Waits until the Sentinels name another primary than `old_port`.
@@ -157,7 +184,7 @@ impl SentinelGroup {
         self.restore_old_primary();
     }
 
-    /// Waits until the replica is in sync and every Sentinel knows it, up, and the
+    /// Waits until the replicas are in sync and every Sentinel knows them, up, and the
     /// other Sentinels. Sentinels read a replica's state every 10 s, so on a loaded
     /// machine this can take most of a minute.
     ///
@@ -172,11 +199,13 @@ impl SentinelGroup {
                 .iter()
                 .map(|sentinel| self.view_of(sentinel))
                 .collect();
-            let synced: String = redis::cmd("INFO")
-                .arg("replication")
-                .query(&mut self.replica.connection())
-                .expect("INFO replication");
-            let linked = synced.contains("master_link_status:up");
+            let linked = self.servers().skip(1).all(|replica| {
+                let synced: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut replica.connection())
+                    .expect("INFO replication");
+                synced.contains("master_link_status:up")
+            });
             if linked && views.iter().all(SentinelView::ready) {
                 return;
             }
@@ -189,20 +218,27 @@ impl SentinelGroup {
         }
     }
 
-    /// Takes the replica for the primary once every Sentinel names it: they failed
+    /// Takes a replica for the primary once every Sentinel names it: they failed
     /// over on their own. They make the old primary a replica themselves, after a
     /// few seconds, and drop its clients as they do (`CLIENT KILL`), so that the
     /// clients find the new primary; a `REPLICAOF` from here would leave them
     /// writing to a replica.
     fn follow_the_sentinels(&mut self) {
-        let replica = self.replica.port();
-        let named = |sentinel: &RedisServer| primary_named_by(sentinel, self.name) == Some(replica);
-        if self.sentinels.iter().all(named) {
+        let (sentinels, name) = (&self.sentinels, self.name);
+        let named = |replica: &&mut RedisServer| {
+            let port = Some(replica.port());
+            sentinels
+                .iter()
+                .all(|sentinel| primary_named_by(sentinel, name) == port)
+        };
+        let mut replicas = std::iter::once(&mut self.replica).chain(&mut self.more_replicas);
+        if let Some(promoted) = replicas.find(named) {
             eprintln!(
-                "the Sentinels failed over from port {} to {replica} on their own",
-                self.primary.port()
+                "the Sentinels failed over from port {} to {} on their own",
+                self.primary.port(),
+                promoted.port()
             );
-            std::mem::swap(&mut self.primary, &mut self.replica);
+            std::mem::swap(&mut self.primary, promoted);
         }
     }
 
@@ -226,14 +262,21 @@ impl SentinelGroup {
             .arg(self.name)
             .query(&mut connection)
             .unwrap_or_default();
-        let replica = replicas
-            .iter()
-            .find(|fields| field(fields, "port") == self.replica.port().to_string());
+        let listed = self
+            .servers()
+            .skip(1)
+            .map(|replica| {
+                let port = replica.port().to_string();
+                let fields = replicas
+                    .iter()
+                    .find(|fields| field(fields, "port") == port)?;
+                Some((field(fields, "flags"), field(fields, "master-port")))
+            })
+            .collect();
         SentinelView {
             replicas: field(&primary, "num-slaves"),
             other_sentinels: field(&primary, "num-other-sentinels"),
-            replica_flags: replica.map(|fields| field(fields, "flags")),
-            replica_of: replica.map(|fields| field(fields, "master-port")),
+            listed,
             primary_named: primary_named_by(sentinel, self.name),
             primary_port: self.primary.port(),
         }
@@ -245,18 +288,23 @@ impl SentinelGroup {
 struct SentinelView {
     replicas: String,
     other_sentinels: String,
-    replica_flags: Option<String>,
-    replica_of: Option<String>,
+    /// Each of the group's replicas as the Sentinel lists it: its flags and its
+    /// primary's port.
+    listed: Vec<Option<(String, String)>>,
     primary_named: Option<u16>,
     primary_port: u16,
 }
 
 impl SentinelView {
     fn ready(&self) -> bool {
-        self.replicas == "1"
+        let primary_port = self.primary_port.to_string();
+        self.replicas == self.listed.len().to_string()
             && self.other_sentinels == "2"
-            && self.replica_flags.as_deref() == Some("slave")
-            && self.replica_of == Some(self.primary_port.to_string())
+            && self.listed.iter().all(|listed| {
+                listed
+                    .as_ref()
+                    .is_some_and(|(flags, of)| flags == "slave" && *of == primary_port)
+            })
             && self.primary_named == Some(self.primary_port)
     }
 }
