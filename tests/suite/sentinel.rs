@@ -1,8 +1,8 @@
 //! Sentinel: the client follows a failover, and where replica sync is turned off, a
 //! lock the old primary had not replicated is lost, which the holder's watchdog
 //! reports. Waiters hear releases on the new primary, and the primary takes the
-//! URL's password and database. A grant is confirmed on the server that made it,
-//! even while a primary the Sentinels failed over from lives on.
+//! URL's password and database. A grant or renewal is confirmed on the server that
+//! made it, even while a primary the Sentinels failed over from lives on.
 
 use std::time::Duration;
 
@@ -240,4 +240,44 @@ async fn grants_are_confirmed_where_they_were_made_while_an_old_primary_lives_on
     let options = options.timeout(Duration::from_secs(5));
     let guard = client.acquire("order:1", &options).await.unwrap();
     guard.release().await.unwrap();
+}
+
+/// With two replicas, the Sentinels move the one they did not promote to the new
+/// primary, so renewals can be confirmed there while the old primary still answers
+/// as one. A holder whose renewals the failover cut off, and whose connection that
+/// confirms them stayed with the old primary, finds the new one on its first renewal
+/// not confirmed, and keeps its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_replicas_a_held_lock_outlives_an_old_primary_that_lives_on() {
+    let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
+    let config = ClientConfig::new().command_timeout(Duration::from_millis(200));
+    let client = LockClient::sentinel_with(group.sentinel_urls(), group.name, config)
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(9);
+    let held = client
+        .acquire("account:7", &LockOptions::new().lease(lease).watchdog(true))
+        .await
+        .unwrap();
+
+    let frozen_at = Instant::now();
+    group.primary.freeze();
+    let old_primary = group.primary.port();
+    while group.primary_port() == old_primary {
+        assert!(frozen_at.elapsed() < Duration::from_secs(30), "no failover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    group.primary.thaw();
+
+    // Past the lease the last renewal before the freeze gave.
+    tokio::select! {
+        () = held.lost() => panic!("the lock held through the failover was reported lost"),
+        () = tokio::time::sleep_until(frozen_at + lease + Duration::from_millis(500)) => {}
+    }
+    let inspector = LockInspector::connect(group.named_primary().url().as_str())
+        .await
+        .unwrap();
+    let found = inspector.lock("account:7").await.unwrap();
+    assert!(found.is_some(), "the new primary does not hold the lock");
+    held.release().await.unwrap();
 }

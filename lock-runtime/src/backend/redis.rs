@@ -312,8 +312,8 @@ impl RedisNode {
         }
     }
 
-    /// After a grant was not confirmed: on Sentinel, the next requests and the next
-    /// confirmation find the primary the Sentinels name now, should either
+    /// After a grant or renewal was not confirmed: on Sentinel, the next requests and
+    /// the next confirmation find the primary the Sentinels name now, should either
     /// connection still reach one they failed over from. At most once a second each.
     fn ask_sentinels_again(&self, replication: &Replication) {
         const SETTLED: Duration = Duration::from_secs(1);
@@ -475,11 +475,11 @@ impl RedisNode {
             return Ok(renewed);
         };
         let confirmed = replication.confirm(name, token).await;
-        match confirmed.map_err(|source| LockError::backend(name.key(), source))? {
-            Confirmed::Yes => Ok(true),
-            Confirmed::NotHeld => Ok(false),
-            Confirmed::Short(shortfall) => Err(shortfall.error(name.key())),
+        let confirmed = confirmed.map_err(|source| LockError::backend(name.key(), source))?;
+        if confirmed != Confirmed::Yes {
+            self.ask_sentinels_again(replication);
         }
+        confirmed.renewed(name.key())
     }
 
     /// Renews a lock held alone with one `SET … IFEQ` (Valkey 8.1, Redis 8.4), no
@@ -594,14 +594,17 @@ impl RedisNode {
             .map(|&i| (&renewals[i].name, &*renewals[i].token))
             .collect();
         let confirmed = replication.confirm_all(&confirming).await;
+        if confirmed
+            .iter()
+            .any(|confirmed| matches!(confirmed, Ok(found) if *found != Confirmed::Yes))
+        {
+            self.ask_sentinels_again(replication);
+        }
         for (i, confirmed) in renewed.into_iter().zip(confirmed) {
             let key = renewals[i].name.key();
-            answers[i] = match confirmed {
-                Ok(Confirmed::Yes) => Ok(true),
-                Ok(Confirmed::NotHeld) => Ok(false),
-                Ok(Confirmed::Short(shortfall)) => Err(shortfall.error(key)),
-                Err(source) => Err(LockError::backend(key, source)),
-            };
+            answers[i] = confirmed
+                .map_err(|source| LockError::backend(key, source))
+                .and_then(|confirmed| confirmed.renewed(key));
         }
         answers
     }

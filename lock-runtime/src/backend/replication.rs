@@ -38,6 +38,18 @@ pub(crate) enum Confirmed {
     Short(Shortfall),
 }
 
+impl Confirmed {
+    /// What a renewal of `key` comes to, once confirming it found this: whether the
+    /// lock is still held, or an error that says what the replicas lacked.
+    pub(crate) fn renewed(self, key: &str) -> Result<bool, LockError> {
+        match self {
+            Confirmed::Yes => Ok(true),
+            Confirmed::NotHeld => Ok(false),
+            Confirmed::Short(shortfall) => Err(shortfall.error(key)),
+        }
+    }
+}
+
 /// What a grant or renewal that was not confirmed lacked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shortfall {
