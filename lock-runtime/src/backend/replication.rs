@@ -87,6 +87,10 @@ enum Required {
 
 struct Rounds {
     connection: Connection,
+    /// Set by [`Replication::ask_sentinels_again`], and taken by the task that runs
+    /// the rounds between two of them: a round's check and its `WAIT` must go on one
+    /// connection, as `WAIT` counts only the writes of its own.
+    ask_sentinels_again: Mutex<Option<Duration>>,
     fsync: bool,
     cluster: bool,
     wait_ms: u64,
@@ -172,6 +176,7 @@ impl Replication {
             required,
             rounds: Arc::new(Rounds {
                 connection,
+                ask_sentinels_again: Mutex::default(),
                 fsync: config.fsync,
                 cluster: matches!(target, Target::Cluster(_)),
                 wait_ms,
@@ -181,9 +186,9 @@ impl Replication {
         }))
     }
 
-    /// See [`Connection::ask_sentinels_again`].
+    /// [`Connection::ask_sentinels_again`] for the next round.
     pub(crate) fn ask_sentinels_again(&self, settled: Duration) {
-        self.rounds.connection.ask_sentinels_again(settled);
+        *lock(&self.rounds.ask_sentinels_again) = Some(settled);
     }
 
     /// Whether the replicas required have what `token` was granted or renewed on
@@ -234,10 +239,7 @@ impl Replication {
         };
         if let Err(unsent) = self.sender().send(request) {
             // The task went with its runtime between our look and the send.
-            self.requests
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            lock(&self.requests).take();
             if self.sender().send(unsent.0).is_err() {
                 return Err(Err(no_rounds()));
             }
@@ -246,7 +248,7 @@ impl Replication {
     }
 
     fn sender(&self) -> mpsc::UnboundedSender<Request> {
-        let mut requests = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        let mut requests = lock(&self.requests);
         match &*requests {
             Some(sender) if !sender.is_closed() => sender.clone(),
             _ => {
@@ -265,6 +267,10 @@ async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<R
         let mut batch = vec![first];
         while let Ok(more) = requests.try_recv() {
             batch.push(more);
+        }
+        let asked = lock(&rounds.ask_sentinels_again).take();
+        if let Some(settled) = asked {
+            rounds.connection.ask_sentinels_again(settled);
         }
         rounds.run(batch).await;
     }
@@ -372,6 +378,10 @@ fn answer_each_held(
         };
         let _ = request.answer.send(answer);
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The same error for another waiter: a `RedisError` does not clone.
