@@ -92,11 +92,13 @@ impl SentinelGroup {
             .expect("the Sentinels name one of the group's servers")
     }
 
-    /// The primary, then the replicas, as the group started them.
+    /// The primary and the replicas.
     fn servers(&self) -> impl Iterator<Item = &RedisServer> {
-        [&self.primary, &self.replica]
-            .into_iter()
-            .chain(&self.more_replicas)
+        std::iter::once(&self.primary).chain(self.replicas())
+    }
+
+    fn replicas(&self) -> impl Iterator<Item = &RedisServer> {
+        std::iter::once(&self.replica).chain(&self.more_replicas)
     }
 
     /// Waits until the Sentinels name another primary than `old_port`.
@@ -199,7 +201,7 @@ impl SentinelGroup {
                 .iter()
                 .map(|sentinel| self.view_of(sentinel))
                 .collect();
-            let linked = self.servers().skip(1).all(|replica| {
+            let linked = self.replicas().all(|replica| {
                 let synced: String = redis::cmd("INFO")
                     .arg("replication")
                     .query(&mut replica.connection())
@@ -263,8 +265,7 @@ impl SentinelGroup {
             .query(&mut connection)
             .unwrap_or_default();
         let listed = self
-            .servers()
-            .skip(1)
+            .replicas()
             .map(|replica| {
                 let port = replica.port().to_string();
                 let fields = replicas
