@@ -437,15 +437,16 @@ async fn sentinel_replicas(url: &str, primary: &str, config: &ClientConfig) -> R
 
 impl Connection {
     /// Has the next call ask the Sentinels again which primary to reach, if this
-    /// connection reached one through them at least `settled` ago. A primary they
+    /// connection reached one through them at least a second ago. A primary they
     /// failed over from while it lived on answers as a primary until they demote it,
     /// seconds later, and a connection made before the failover stays with it.
-    pub(crate) fn ask_sentinels_again(&self, settled: Duration) {
+    pub(crate) fn ask_sentinels_again(&self) {
+        const SETTLED: Duration = Duration::from_secs(1);
         if let Connection::Own(own) = self
             && matches!(own.shared.source, Source::Sentinel(_))
         {
             let mut slot = own.write_slot();
-            if slot.made_at.is_some_and(|at| at.elapsed() >= settled) {
+            if slot.made_at.is_some_and(|at| at.elapsed() >= SETTLED) {
                 slot.current = None;
             }
         }

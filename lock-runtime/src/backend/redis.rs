@@ -298,7 +298,7 @@ impl RedisNode {
             // there goes, so that it keeps nobody out for a lease.
             Confirmed::NotHeld => {
                 let _ = Box::pin(self.release(name, token, Waiters::Queue)).await;
-                self.ask_sentinels_again(replication);
+                self.connection.ask_sentinels_again();
                 Ok(Attempt::Busy {
                     retry_in: None,
                     fence: None,
@@ -306,19 +306,10 @@ impl RedisNode {
             }
             Confirmed::Short(shortfall) => {
                 Box::pin(self.release(name, token, Waiters::Queue)).await?;
-                self.ask_sentinels_again(replication);
+                self.connection.ask_sentinels_again();
                 Ok(Attempt::Unreplicated(shortfall))
             }
         }
-    }
-
-    /// After a grant or renewal was not confirmed: on Sentinel, the next requests and
-    /// the next confirmation find the primary the Sentinels name now, should either
-    /// connection still reach one they failed over from. At most once a second each.
-    fn ask_sentinels_again(&self, replication: &Replication) {
-        const SETTLED: Duration = Duration::from_secs(1);
-        self.connection.ask_sentinels_again(SETTLED);
-        replication.ask_sentinels_again(SETTLED);
     }
 
     /// Frees the lock if `token` holds it, telling `waiters`; a token that waits in
@@ -477,7 +468,7 @@ impl RedisNode {
         let confirmed = replication.confirm(name, token).await;
         let confirmed = confirmed.map_err(|source| LockError::backend(name.key(), source))?;
         if confirmed != Confirmed::Yes {
-            self.ask_sentinels_again(replication);
+            self.connection.ask_sentinels_again();
         }
         confirmed.renewed(name.key())
     }
@@ -598,7 +589,7 @@ impl RedisNode {
             .iter()
             .any(|confirmed| matches!(confirmed, Ok(found) if *found != Confirmed::Yes))
         {
-            self.ask_sentinels_again(replication);
+            self.connection.ask_sentinels_again();
         }
         for (i, confirmed) in renewed.into_iter().zip(confirmed) {
             let key = renewals[i].name.key();

@@ -87,10 +87,6 @@ enum Required {
 
 struct Rounds {
     connection: Connection,
-    /// Set by [`Replication::ask_sentinels_again`], and taken by the task that runs
-    /// the rounds between two of them: a round's check and its `WAIT` must go on one
-    /// connection, as `WAIT` counts only the writes of its own.
-    ask_sentinels_again: Mutex<Option<Duration>>,
     fsync: bool,
     cluster: bool,
     wait_ms: u64,
@@ -176,7 +172,6 @@ impl Replication {
             required,
             rounds: Arc::new(Rounds {
                 connection,
-                ask_sentinels_again: Mutex::default(),
                 fsync: config.fsync,
                 cluster: matches!(target, Target::Cluster(_)),
                 wait_ms,
@@ -184,11 +179,6 @@ impl Replication {
             }),
             requests: Mutex::default(),
         }))
-    }
-
-    /// [`Connection::ask_sentinels_again`] for the next round.
-    pub(crate) fn ask_sentinels_again(&self, settled: Duration) {
-        *lock(&self.rounds.ask_sentinels_again) = Some(settled);
     }
 
     /// Whether the replicas required have what `token` was granted or renewed on
@@ -268,10 +258,6 @@ async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<R
         while let Ok(more) = requests.try_recv() {
             batch.push(more);
         }
-        let asked = lock(&rounds.ask_sentinels_again).take();
-        if let Some(settled) = asked {
-            rounds.connection.ask_sentinels_again(settled);
-        }
         rounds.run(batch).await;
     }
 }
@@ -280,6 +266,7 @@ impl Rounds {
     /// Confirms `batch`: the checks first, one script per hash slot, then the waits,
     /// so that a wait on a node finds the checks of every slot it serves done.
     async fn run(self: &Arc<Self>, batch: Vec<Request>) {
+        let mut unconfirmed = false;
         let mut groups: BTreeMap<u16, Vec<Request>> = BTreeMap::new();
         for request in batch {
             let group = if self.cluster { slot(&request.lock) } else { 0 };
@@ -299,6 +286,7 @@ impl Rounds {
                 Ok(held) if held.iter().any(|&held| held) => held,
                 Ok(_) => {
                     answer_each(group, |_| Ok(Confirmed::NotHeld));
+                    unconfirmed = true;
                     continue;
                 }
                 Err(error) => {
@@ -309,10 +297,17 @@ impl Rounds {
             let rounds = self.clone();
             waits.spawn(async move {
                 let acknowledged = rounds.wait(&group).await;
-                answer_each_held(group, &held, acknowledged);
+                answer_each_held(group, &held, acknowledged)
             });
         }
-        while waits.join_next().await.is_some() {}
+        while let Some(joined) = waits.join_next().await {
+            unconfirmed |= joined.unwrap_or(false);
+        }
+        // Only between rounds: a round's check and its `WAIT` must go on one
+        // connection, as `WAIT` counts only the writes of its own.
+        if unconfirmed {
+            self.connection.ask_sentinels_again();
+        }
     }
 
     async fn check(&self, group: &[Request]) -> RedisResult<Vec<bool>> {
@@ -358,11 +353,13 @@ fn answer_each(group: Vec<Request>, answer: impl Fn(&Request) -> RedisResult<Con
     }
 }
 
+/// Answers each request of `group`; whether any was not confirmed.
 fn answer_each_held(
     group: Vec<Request>,
     held: &[bool],
     waited: RedisResult<(usize, Option<bool>)>,
-) {
+) -> bool {
+    let mut unconfirmed = false;
     for (request, &held) in group.into_iter().zip(held) {
         let answer = match &waited {
             _ if !held => Ok(Confirmed::NotHeld),
@@ -376,8 +373,10 @@ fn answer_each_held(
             })),
             Err(error) => Err(copy(error)),
         };
+        unconfirmed |= matches!(answer, Ok(Confirmed::NotHeld | Confirmed::Short(_)));
         let _ = request.answer.send(answer);
     }
+    unconfirmed
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
