@@ -199,13 +199,8 @@ async fn grants_are_confirmed_where_they_were_made_while_an_old_primary_lives_on
         matches!(frozen, Err(LockError::Backend { .. })),
         "{frozen:?}"
     );
-    let promoted = group.replica.port();
     let started = Instant::now();
-    while group.primary_port() != promoted {
-        assert!(started.elapsed() < Duration::from_secs(30), "no failover");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    group.primary.thaw();
+    thaw_once_failed_over(&group).await;
 
     let unconfirmed = after_failover(&client, "order:1", &options).await;
     assert_eq!(
@@ -262,12 +257,7 @@ async fn with_two_replicas_a_held_lock_outlives_an_old_primary_that_lives_on() {
 
     let frozen_at = Instant::now();
     group.primary.freeze();
-    let old_primary = group.primary.port();
-    while group.primary_port() == old_primary {
-        assert!(frozen_at.elapsed() < Duration::from_secs(30), "no failover");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    group.primary.thaw();
+    thaw_once_failed_over(&group).await;
 
     // Past the lease the last renewal before the freeze gave.
     tokio::select! {
@@ -280,4 +270,15 @@ async fn with_two_replicas_a_held_lock_outlives_an_old_primary_that_lives_on() {
     let found = inspector.lock("account:7").await.unwrap();
     assert!(found.is_some(), "the new primary does not hold the lock");
     held.release().await.unwrap();
+}
+
+/// Waits until the Sentinels name another primary than the frozen one, then thaws
+/// it: a primary they failed over from that lives on.
+async fn thaw_once_failed_over(group: &SentinelGroup) {
+    let (old_primary, started) = (group.primary.port(), Instant::now());
+    while group.primary_port() == old_primary {
+        assert!(started.elapsed() < Duration::from_secs(30), "no failover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    group.primary.thaw();
 }
