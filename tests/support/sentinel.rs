@@ -9,9 +9,11 @@ pub struct SentinelGroup {
     pub name: &'static str,
     pub primary: RedisServer,
     pub replica: RedisServer,
-    /// Replicas beyond `replica`, which the Sentinels may promote as well: none unless
-    /// started by [`start_with_replicas`](Self::start_with_replicas). The helpers that
-    /// fail over take `replica` for the one promoted, so they are for groups without.
+    /// Replicas beyond `replica`: none unless started by
+    /// [`start_with_replicas`](Self::start_with_replicas) or
+    /// [`start_with_a_replica_left_behind`](Self::start_with_a_replica_left_behind).
+    /// The helpers that fail over take `replica` for the one promoted, so they are for
+    /// groups without.
     pub more_replicas: Vec<RedisServer>,
     pub sentinels: Vec<RedisServer>,
 }
@@ -19,29 +21,50 @@ pub struct SentinelGroup {
 impl SentinelGroup {
     /// Sentinels declare the primary down after `down_after`.
     pub fn start(down_after: Duration) -> SentinelGroup {
-        Self::start_as(down_after, 1, None, None)
+        Self::start_as(down_after, &[], None, None)
     }
 
     /// Like [`start`](Self::start), with `replicas` replicas (at least 1).
     pub fn start_with_replicas(down_after: Duration, replicas: usize) -> SentinelGroup {
-        Self::start_as(down_after, replicas, None, None)
+        let more = vec![&[][..]; replicas.saturating_sub(1)];
+        Self::start_as(down_after, &more, None, None)
+    }
+
+    /// Like [`start`](Self::start), with a second replica that the Sentinels can
+    /// neither promote (`replica-priority 0`) nor move to another primary (its
+    /// `REPLICAOF` and `SLAVEOF` renamed): through a failover it stays linked to the
+    /// old primary, and acknowledges what that one writes until they demote it.
+    pub fn start_with_a_replica_left_behind(down_after: Duration) -> SentinelGroup {
+        let left_behind = [
+            "--replica-priority",
+            "0",
+            "--rename-command",
+            "REPLICAOF",
+            "left-behind-replicaof",
+            "--rename-command",
+            "SLAVEOF",
+            "left-behind-slaveof",
+        ];
+        Self::start_as(down_after, &[&left_behind], None, None)
     }
 
     /// Like [`start`](Self::start), with every server and Sentinel requiring
     /// `password`.
     pub fn start_with_password(down_after: Duration, password: &str) -> SentinelGroup {
-        Self::start_as(down_after, 1, Some(password), None)
+        Self::start_as(down_after, &[], Some(password), None)
     }
 
     /// Like [`start`](Self::start), with every server and Sentinel speaking TLS only,
     /// with certificates `ca` signed.
     pub fn start_with_tls(down_after: Duration, ca: &Arc<TestCa>) -> SentinelGroup {
-        Self::start_as(down_after, 1, None, Some(ca))
+        Self::start_as(down_after, &[], None, Some(ca))
     }
 
+    /// With `replica`, and one replica more for each of `more_replicas`, started with
+    /// those arguments.
     fn start_as(
         down_after: Duration,
-        replicas: usize,
+        more_replicas: &[&[&str]],
         password: Option<&str>,
         tls: Option<&Arc<TestCa>>,
     ) -> SentinelGroup {
@@ -56,8 +79,13 @@ impl SentinelGroup {
         let quick_sync = ["--repl-diskless-sync-delay", "0"];
         let primary = server(&quick_sync);
         let port = primary.port().to_string();
-        let replica = || server(&[&quick_sync[..], &["--replicaof", "127.0.0.1", &port]].concat());
-        let (replica, more_replicas) = (replica(), (1..replicas).map(|_| replica()).collect());
+        let replica_of_primary = ["--replicaof", "127.0.0.1", &port];
+        let replica =
+            |args: &[&str]| server(&[&quick_sync[..], &replica_of_primary, args].concat());
+        let (replica, more_replicas) = (
+            replica(&[]),
+            more_replicas.iter().map(|args| replica(args)).collect(),
+        );
         let down_after_ms = down_after.as_millis() as u64;
         let sentinels = (0..3)
             .map(|_| {
