@@ -53,14 +53,18 @@ pub enum LockError {
     },
     /// A grant or renewal was not confirmed in time: fewer replicas than the client
     /// requires had it, so a failover could grant the lock again, or, with
-    /// `ClientConfig::fsync`, the primary's append-only file did not (`on_disk`). A
-    /// grant is then given back; a renewal extends nothing the holder counts on.
+    /// `ClientConfig::fsync`, the primary's append-only file did not (`on_disk`), or,
+    /// through Sentinel, the Sentinels did not vouch for the primary that made it
+    /// (`named_by_sentinels`: a majority of them must answer, each naming that
+    /// primary and failing nothing over). A grant is then given back; a renewal
+    /// extends nothing the holder counts on.
     #[non_exhaustive]
     Replication {
         key: String,
         acknowledged: usize,
         required: usize,
         on_disk: Option<bool>,
+        named_by_sentinels: Option<bool>,
     },
 }
 
@@ -171,6 +175,7 @@ impl fmt::Display for LockError {
                 acknowledged,
                 required,
                 on_disk,
+                named_by_sentinels,
             } => {
                 let mut missing = Vec::new();
                 if acknowledged < required {
@@ -186,6 +191,15 @@ impl fmt::Display for LockError {
                          primary with `appendfsync always`: under `everysec` a write waits up to \
                          a second for its fsync, under `no` for ever; or raise \
                          `ClientConfig::replica_timeout`)"
+                            .to_owned(),
+                    );
+                }
+                if *named_by_sentinels == Some(false) {
+                    missing.push(
+                        "the Sentinels did not vouch for the primary that made it: one named \
+                         another primary or was failing it over, or fewer than a majority \
+                         answered (the client asks them for the primary again; try again, and \
+                         check that most Sentinels are reachable)"
                             .to_owned(),
                     );
                 }

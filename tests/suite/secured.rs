@@ -37,7 +37,7 @@ const INSPECTOR_RULES: &str = "+scan";
 
 /// What the Sentinels' ACL user needs, as the README says.
 const SENTINEL_USER_RULES: &str =
-    "-@all +sentinel|masters +sentinel|replicas +role +client|setinfo";
+    "-@all +sentinel|masters +sentinel|master +sentinel|replicas +role +client|setinfo";
 
 /// `rules` as `server` takes them: without the rules for commands it does not have.
 fn rules_for<'a>(server: &RedisServer, rules: &'a str) -> Vec<&'a str> {
@@ -602,24 +602,7 @@ async fn from_connection_manager_locks_over_the_apps_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_with_acl_users() {
     let group = SentinelGroup::start_with_password(Duration::from_secs(1), "admin-pass");
-    for server in [&group.primary, &group.replica] {
-        add_lock_user(server, "");
-    }
-    let urls: Vec<String> = group
-        .sentinels
-        .iter()
-        .map(|sentinel| {
-            let () = redis::cmd("ACL")
-                .arg("SETUSER")
-                .arg("locks")
-                .arg("on")
-                .arg(">locks-pass")
-                .arg(rules_for(sentinel, SENTINEL_USER_RULES))
-                .query(&mut sentinel.connection())
-                .expect("ACL SETUSER on a Sentinel");
-            sentinel.url_as("locks", "locks-pass")
-        })
-        .collect();
+    let urls = sentinel_lock_users(&group, SENTINEL_USER_RULES);
     let first = LockClient::sentinel(&urls, group.name).await.unwrap();
     let second = LockClient::sentinel(&urls, group.name).await.unwrap();
     exclude_and_wake(&first, &second, &[&group.primary]).await;
@@ -630,6 +613,44 @@ async fn sentinel_with_acl_users() {
     {
         assert_nothing_denied(server, "the library on a server or Sentinel");
     }
+}
+
+/// A Sentinel user that may not ask `SENTINEL MASTER`, by which each confirmation
+/// checks that the primary is still the Sentinels', is told so at connect, not at
+/// every grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_user_without_sentinel_master_is_told_at_connect() {
+    let group = SentinelGroup::start_with_password(Duration::from_secs(1), "admin-pass");
+    let without = SENTINEL_USER_RULES.replace(" +sentinel|master ", " ");
+    let urls = sentinel_lock_users(&group, &without);
+    let refused = LockClient::sentinel(&urls, group.name).await;
+    let Err(LockError::InvalidOptions { reason, .. }) = refused else {
+        panic!("expected the client to say what the user lacks: {refused:?}");
+    };
+    assert!(reason.contains("`sentinel|master`"), "{reason}");
+}
+
+/// The lock user, with the README's rules on the group's servers and `rules` on its
+/// Sentinels: the Sentinels' URLs as that user.
+fn sentinel_lock_users(group: &SentinelGroup, rules: &str) -> Vec<String> {
+    for server in [&group.primary, &group.replica] {
+        add_lock_user(server, "");
+    }
+    group
+        .sentinels
+        .iter()
+        .map(|sentinel| {
+            let () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("locks")
+                .arg("on")
+                .arg(">locks-pass")
+                .arg(rules_for(sentinel, rules))
+                .query(&mut sentinel.connection())
+                .expect("ACL SETUSER on a Sentinel");
+            sentinel.url_as("locks", "locks-pass")
+        })
+        .collect()
 }
 
 /// Over TLS with a private CA. Their names contain `tls::`, by which scripts/test

@@ -2,7 +2,8 @@
 //! lock the old primary had not replicated is lost, which the holder's watchdog
 //! reports. Waiters hear releases on the new primary, and the primary takes the
 //! URL's password and database. A grant or renewal is confirmed on the server that
-//! made it, even while a primary the Sentinels failed over from lives on.
+//! made it, even while a primary the Sentinels failed over from lives on, and
+//! never on that primary.
 
 use std::time::Duration;
 
@@ -270,6 +271,94 @@ async fn with_two_replicas_a_held_lock_outlives_an_old_primary_that_lives_on() {
     let found = inspector.lock("account:7").await.unwrap();
     assert!(found.is_some(), "the new primary does not hold the lock");
     held.release().await.unwrap();
+}
+
+/// A primary the Sentinels failed over from that lives on (frozen past down-after,
+/// then thawed) answers as a primary until they demote it, and a replica they have
+/// not moved yet still acknowledges what it writes. A client idle through the
+/// failover, whose connections stayed with that primary, is granted nothing there
+/// while the new primary has the lock: the Sentinels say that the primary it reached
+/// was failed over, so the grant is not confirmed. (Here the replica is never moved,
+/// so that the window lasts until the Sentinels demote the old primary.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_primary_that_lives_on_has_no_grant_confirmed() {
+    let group = SentinelGroup::start_with_a_replica_left_behind(Duration::from_secs(1));
+    let config = ClientConfig::new().command_timeout(Duration::from_millis(200));
+    let idle = LockClient::sentinel_with(group.sentinel_urls(), group.name, config)
+        .await
+        .unwrap();
+    let guard = idle.acquire("stock:1", &LockOptions::new()).await.unwrap();
+    guard.release().await.unwrap();
+
+    group.primary.freeze();
+    thaw_once_failed_over(&group).await;
+    let on_new_primary = LockClient::connect_with(
+        group.named_primary().url().as_str(),
+        ClientConfig::new().replicas(0),
+    )
+    .await
+    .unwrap();
+    let options = LockOptions::new().lease(Duration::from_secs(10));
+    let holder = on_new_primary.acquire("stock:1", &options).await.unwrap();
+
+    assert_eq!(
+        group.primary.role(),
+        "master",
+        "the Sentinels demoted the old primary before the test could look"
+    );
+    let second = after_failover(&idle, "stock:1", &options.timeout(Duration::from_secs(2))).await;
+    assert!(
+        matches!(
+            second,
+            Err(LockError::Timeout { .. } | LockError::Replication { .. })
+        ),
+        "the old primary granted the lock the new one's holder held, \
+         or acquiring failed otherwise: {second:?}"
+    );
+    holder.release().await.unwrap();
+}
+
+/// A grant counts once a majority of the Sentinels vouch for the primary that made
+/// it: with one of three down, locks are granted as before; with two down, none is,
+/// and the caller is told why within its budget, with nothing left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_are_confirmed_while_a_majority_of_the_sentinels_answer() {
+    let mut group = SentinelGroup::start(Duration::from_secs(1));
+    let client = LockClient::sentinel(&group.sentinel_urls(), group.name)
+        .await
+        .unwrap();
+    let options = LockOptions::new().timeout(Duration::from_secs(2));
+
+    group.sentinels[0].kill();
+    let guard = client.acquire("invoice:3", &options).await.unwrap();
+    guard.release().await.unwrap();
+
+    group.sentinels[1].kill();
+    let started = Instant::now();
+    let unconfirmed = client.acquire("invoice:3", &options).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let Err(
+        error @ LockError::Replication {
+            named_by_sentinels: Some(false),
+            ..
+        },
+    ) = unconfirmed
+    else {
+        panic!("expected the Sentinels' vouching to fail: {unconfirmed:?}");
+    };
+    assert!(error.to_string().contains("majority"), "{error}");
+    let inspector = LockInspector::connect(group.primary.url().as_str())
+        .await
+        .unwrap();
+    let left = inspector.lock("invoice:3").await.unwrap();
+    assert!(
+        left.is_none(),
+        "a grant not confirmed was left held: {left:?}"
+    );
 }
 
 /// Waits until the Sentinels name another primary than the frozen one, then thaws

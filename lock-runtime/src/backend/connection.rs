@@ -15,8 +15,8 @@ use redis::sentinel::SentinelClientBuilder;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, FromRedisValue,
-    Pipeline, ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo, RedisError, RedisFuture,
-    RedisResult, Script, ServerErrorKind, TlsMode, ToRedisArgs, Value,
+    IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo,
+    RedisError, RedisFuture, RedisResult, Script, ServerErrorKind, TlsMode, ToRedisArgs, Value,
 };
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
@@ -197,6 +197,24 @@ impl Target {
                 "a Cluster target with another kind of connection",
             ))),
         }
+    }
+
+    /// Through Sentinel, a connection to each Sentinel, made on first use; elsewhere
+    /// none.
+    pub(crate) fn sentinel_connections(
+        &self,
+        config: &ClientConfig,
+    ) -> RedisResult<Vec<Connection>> {
+        let Target::Sentinel { sentinels, .. } = self else {
+            return Ok(Vec::new());
+        };
+        sentinels
+            .iter()
+            .map(|url| {
+                let sentinel = Source::Server(Box::new(sentinel_node(url, config)?));
+                Ok(Connection::Own(Reconnecting::commands(sentinel, config)))
+            })
+            .collect()
     }
 
     /// A connection made on first use, for a Redlock node that may be down now.
@@ -409,6 +427,14 @@ fn replicas_per_slot(slots: Value) -> RedisResult<Vec<(u16, u16, usize)>> {
         .collect()
 }
 
+/// A client for the Sentinel at `url`. A Sentinel has no databases: the URL's is the
+/// primary's.
+fn sentinel_node(url: &str, config: &ClientConfig) -> RedisResult<Client> {
+    let info = url.into_connection_info()?;
+    let settings = info.redis_settings().clone().set_db(0);
+    open(info.set_redis_settings(settings), config)
+}
+
 /// The replicas connected to the primary now, from `ROLE`.
 async fn connected_replicas(connection: &mut Connection) -> RedisResult<usize> {
     let role: Vec<Value> = connection.query(&redis::cmd("ROLE")).await?;
@@ -420,11 +446,7 @@ async fn connected_replicas(connection: &mut Connection) -> RedisResult<usize> {
 
 /// How many replicas the Sentinel at `url` lists for `primary`.
 async fn sentinel_replicas(url: &str, primary: &str, config: &ClientConfig) -> RedisResult<usize> {
-    // A Sentinel has no databases: the URL's is the primary's.
-    let info = open(url, config)?.get_connection_info().clone();
-    let settings = info.redis_settings().clone().set_db(0);
-    let client = Client::open(info.set_redis_settings(settings))?;
-    let mut sentinel = client
+    let mut sentinel = sentinel_node(url, config)?
         .get_multiplexed_async_connection_with_config(&connection_config(config))
         .await?;
     let replicas: Vec<Value> = redis::cmd("SENTINEL")
@@ -450,6 +472,16 @@ impl Connection {
                 slot.current = None;
             }
         }
+    }
+
+    /// The server this connection's requests go to now, when it is our own and
+    /// connected.
+    pub(crate) fn reached(&self) -> Option<ConnectionAddr> {
+        let Connection::Own(own) = self else {
+            return None;
+        };
+        let slot = own.read_slot();
+        slot.current.as_ref().and(slot.reached.clone())
     }
 
     /// `cmd`'s answer, as `query_async` would give it. On our own connection the
@@ -574,6 +606,8 @@ struct Slot {
     current: Option<Made>,
     /// When `current` was made.
     made_at: Option<Instant>,
+    /// Where `current` was made to.
+    reached: Option<ConnectionAddr>,
 }
 
 /// A connection made, numbered so that a call that fails on it forgets it and none
@@ -764,6 +798,7 @@ impl Reconnecting {
             let mut slot = self.write_slot();
             slot.made += 1;
             slot.made_at = Some(Instant::now());
+            slot.reached = Some(info.addr().clone());
             let made = Made {
                 number: slot.made,
                 link,
@@ -1023,15 +1058,15 @@ fn resp3(client: &Client) -> RedisResult<Client> {
     Client::open(info.set_redis_settings(resp3))
 }
 
-/// A client for `url`, trusting the configured certificates if any.
-fn open(url: &str, config: &ClientConfig) -> RedisResult<Client> {
+/// A client for `server`, trusting the configured certificates if any.
+fn open(server: impl IntoConnectionInfo, config: &ClientConfig) -> RedisResult<Client> {
     #[cfg(feature = "tls")]
     if let Some(certificates) = &config.tls_certificates {
-        return Client::build_with_tls(url, certificates.clone());
+        return Client::build_with_tls(server, certificates.clone());
     }
     #[cfg(not(feature = "tls"))]
     let _ = config;
-    Client::open(url)
+    Client::open(server)
 }
 
 fn cluster_builder(urls: &[String], config: &ClientConfig) -> ClusterClientBuilder {
@@ -1059,7 +1094,7 @@ fn sentinel_client(
 ) -> RedisResult<SentinelClient> {
     let sentinels = sentinels
         .iter()
-        .map(|url| Ok(open(url, config)?.get_connection_info().clone()))
+        .map(|url| Ok(open(url.as_str(), config)?.get_connection_info().clone()))
         .collect::<RedisResult<Vec<_>>>()?;
     let redis = match sentinels.first() {
         Some(info) => info.redis_settings().clone(),

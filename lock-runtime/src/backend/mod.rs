@@ -13,6 +13,7 @@ mod pipe;
 mod redis;
 mod redlock;
 mod replication;
+mod sentinels;
 mod signals;
 
 use std::sync::Arc;

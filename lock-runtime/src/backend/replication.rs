@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::connection::{Connection, Replicas, ScriptCall, Target, bounded};
+use super::sentinels::Sentinels;
 use crate::key::{LockName, slot};
 use crate::{ClientConfig, LockError};
 
@@ -57,6 +58,8 @@ pub(crate) struct Shortfall {
     required: usize,
     /// Whether the primary's append-only file had it, where `fsync` asks.
     on_disk: Option<bool>,
+    /// Through Sentinel, whether they vouched for the primary that had it.
+    named_by_sentinels: Option<bool>,
 }
 
 impl Shortfall {
@@ -66,6 +69,7 @@ impl Shortfall {
             acknowledged: self.acknowledged,
             required: self.required,
             on_disk: self.on_disk,
+            named_by_sentinels: self.named_by_sentinels,
         }
     }
 }
@@ -87,6 +91,9 @@ enum Required {
 
 struct Rounds {
     connection: Connection,
+    /// Through Sentinel, asked in each round whether `connection` reached their
+    /// primary.
+    sentinels: Option<Arc<Sentinels>>,
     fsync: bool,
     cluster: bool,
     wait_ms: u64,
@@ -168,10 +175,12 @@ impl Replication {
                 });
             }
         }
+        let sentinels = Sentinels::of(target, config).await?.map(Arc::new);
         Ok(Some(Replication {
             required,
             rounds: Arc::new(Rounds {
                 connection,
+                sentinels,
                 fsync: config.fsync,
                 cluster: matches!(target, Target::Cluster(_)),
                 wait_ms,
@@ -264,8 +273,11 @@ async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<R
 
 impl Rounds {
     /// Confirms `batch`: the checks first, one script per hash slot, then the waits,
-    /// so that a wait on a node finds the checks of every slot it serves done.
+    /// so that a wait on a node finds the checks of every slot it serves done; and
+    /// through Sentinel, the question to the Sentinels alongside.
     async fn run(self: &Arc<Self>, batch: Vec<Request>) {
+        let mut asked = (self.sentinels.clone())
+            .map(|sentinels| tokio::spawn(async move { sentinels.ask().await }));
         let mut unconfirmed = false;
         let mut groups: BTreeMap<u16, Vec<Request>> = BTreeMap::new();
         for request in batch {
@@ -295,9 +307,19 @@ impl Rounds {
                 }
             };
             let rounds = self.clone();
+            // Through Sentinel there is one group: no Cluster.
+            let asked = asked.take();
             waits.spawn(async move {
-                let acknowledged = rounds.wait(&group).await;
-                answer_each_held(group, &held, acknowledged)
+                let waited = rounds.wait(&group).await;
+                let named_by_sentinels = match asked {
+                    Some(asked) => {
+                        let reached = rounds.connection.reached();
+                        let said = asked.await;
+                        Some(said.is_ok_and(|said| said.vouch_for(reached.as_ref())))
+                    }
+                    None => None,
+                };
+                answer_each_held(group, &held, waited, named_by_sentinels)
             });
         }
         while let Some(joined) = waits.join_next().await {
@@ -358,18 +380,22 @@ fn answer_each_held(
     group: Vec<Request>,
     held: &[bool],
     waited: RedisResult<(usize, Option<bool>)>,
+    named_by_sentinels: Option<bool>,
 ) -> bool {
     let mut unconfirmed = false;
     for (request, &held) in group.into_iter().zip(held) {
         let answer = match &waited {
             _ if !held => Ok(Confirmed::NotHeld),
-            Ok((acknowledged, None | Some(true))) if *acknowledged >= request.required => {
+            Ok((acknowledged, None | Some(true)))
+                if *acknowledged >= request.required && named_by_sentinels != Some(false) =>
+            {
                 Ok(Confirmed::Yes)
             }
             &Ok((acknowledged, on_disk)) => Ok(Confirmed::Short(Shortfall {
                 acknowledged,
                 required: request.required,
                 on_disk,
+                named_by_sentinels,
             })),
             Err(error) => Err(copy(error)),
         };

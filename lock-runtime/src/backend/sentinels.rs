@@ -1,0 +1,123 @@
+//! Through Sentinel, a replica's acknowledgement does not prove a grant safe. A
+//! primary the Sentinels failed over from can live on (paused past their down-after,
+//! then resumed) and answer as a primary until they demote it, and a replica they
+//! have not moved to the new primary yet acknowledges what it writes there. So each
+//! round that confirms grants also asks every Sentinel which primary it names and
+//! whether it is failing that one over. The round sends its questions after the
+//! grants it confirms were made: a failover under way by then shows in the answers.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::{ConnectionAddr, RedisResult};
+use tokio::task::JoinSet;
+
+use super::connection::{Connection, Target, bounded};
+use crate::{ClientConfig, LockError};
+
+pub(crate) struct Sentinels {
+    /// The name the Sentinels know the primary by.
+    primary: String,
+    /// One to each Sentinel, kept open.
+    connections: Vec<Connection>,
+    limit: Duration,
+}
+
+/// What each Sentinel said of the primary, `None` for one that did not answer.
+pub(crate) struct Said(Vec<Option<Named>>);
+
+/// What one Sentinel said: the primary it names, and whether it is failing it over
+/// (or a quorum agreed that it is down, which comes first).
+struct Named {
+    ip: String,
+    port: u16,
+    failing_over: bool,
+}
+
+impl Sentinels {
+    /// Through Sentinel, the Sentinels to ask; elsewhere `None`. A Sentinel that
+    /// refuses the question fails here, where it is a setup error, and not every
+    /// confirmation later.
+    pub(crate) async fn of(
+        target: &Target,
+        config: &ClientConfig,
+    ) -> Result<Option<Sentinels>, LockError> {
+        let Target::Sentinel { primary, .. } = target else {
+            return Ok(None);
+        };
+        let sentinels = Sentinels {
+            primary: primary.clone(),
+            connections: target.sentinel_connections(config)?,
+            limit: config.command_timeout,
+        };
+        for mut connection in sentinels.connections.clone() {
+            let named = bounded(sentinels.limit, named_by(&mut connection, primary)).await;
+            if let Err(refused) = named
+                && refused.code() == Some("NOPERM")
+            {
+                return Err(LockError::InvalidOptions {
+                    key: String::new(),
+                    reason: format!(
+                        "a Sentinel refused `SENTINEL MASTER`, which confirms that each grant \
+                         was made on the primary it names: {refused}; allow `sentinel|master` \
+                         to the user on every Sentinel"
+                    ),
+                });
+            }
+        }
+        Ok(Some(sentinels))
+    }
+
+    /// Asks every Sentinel at once, each within the command timeout.
+    pub(crate) async fn ask(&self) -> Said {
+        let mut asked = JoinSet::new();
+        for (index, connection) in self.connections.iter().enumerate() {
+            let (mut connection, primary) = (connection.clone(), self.primary.clone());
+            let limit = self.limit;
+            asked.spawn(async move {
+                let named = bounded(limit, named_by(&mut connection, &primary)).await;
+                (index, named.ok())
+            });
+        }
+        let mut said: Vec<Option<Named>> = self.connections.iter().map(|_| None).collect();
+        while let Some(Ok((index, named))) = asked.join_next().await {
+            said[index] = named;
+        }
+        Said(said)
+    }
+}
+
+impl Said {
+    /// Whether a majority of the Sentinels answered, and each that did names the
+    /// primary at `reached` and is not failing it over.
+    pub(crate) fn vouch_for(&self, reached: Option<&ConnectionAddr>) -> bool {
+        let (host, port) = match reached {
+            Some(ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. }) => {
+                (host, *port)
+            }
+            _ => return false,
+        };
+        let answered: Vec<&Named> = self.0.iter().flatten().collect();
+        answered.len() * 2 > self.0.len()
+            && answered
+                .iter()
+                .all(|named| named.ip == *host && named.port == port && !named.failing_over)
+    }
+}
+
+/// `SENTINEL MASTER`'s answer: its address is the old primary's until the failover
+/// ends, but its flags say from the start that one is under way.
+async fn named_by(connection: &mut Connection, primary: &str) -> RedisResult<Named> {
+    let mut master = redis::cmd("SENTINEL");
+    master.arg("MASTER").arg(primary);
+    let fields: HashMap<String, String> = connection.query(&master).await?;
+    let field = |name: &str| fields.get(name).map(String::as_str).unwrap_or_default();
+    let failing_over = field("flags")
+        .split(',')
+        .any(|flag| flag == "failover_in_progress" || flag == "o_down");
+    Ok(Named {
+        ip: field("ip").to_owned(),
+        port: field("port").parse().unwrap_or(0),
+        failing_over,
+    })
+}
