@@ -199,24 +199,6 @@ impl Target {
         }
     }
 
-    /// Through Sentinel, a connection to each Sentinel, made on first use; elsewhere
-    /// none.
-    pub(crate) fn sentinel_connections(
-        &self,
-        config: &ClientConfig,
-    ) -> RedisResult<Vec<Connection>> {
-        let Target::Sentinel { sentinels, .. } = self else {
-            return Ok(Vec::new());
-        };
-        sentinels
-            .iter()
-            .map(|url| {
-                let sentinel = Source::Server(Box::new(sentinel_node(url, config)?));
-                Ok(Connection::Own(Reconnecting::commands(sentinel, config)))
-            })
-            .collect()
-    }
-
     /// A connection made on first use, for a Redlock node that may be down now.
     pub(crate) fn connect_lazily(&self, config: &ClientConfig) -> RedisResult<Connection> {
         match self {
@@ -433,6 +415,12 @@ fn sentinel_node(url: &str, config: &ClientConfig) -> RedisResult<Client> {
     let info = url.into_connection_info()?;
     let settings = info.redis_settings().clone().set_db(0);
     open(info.set_redis_settings(settings), config)
+}
+
+/// A connection to the Sentinel at `url`, made on first use.
+pub(crate) fn to_sentinel(url: &str, config: &ClientConfig) -> RedisResult<Connection> {
+    let sentinel = Source::Server(Box::new(sentinel_node(url, config)?));
+    Ok(Connection::Own(Reconnecting::commands(sentinel, config)))
 }
 
 /// The replicas connected to the primary now, from `ROLE`.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::{ConnectionAddr, RedisResult};
 use tokio::task::JoinSet;
 
-use super::connection::{Connection, Target, bounded};
+use super::connection::{Connection, Target, bounded, to_sentinel};
 use crate::{ClientConfig, LockError};
 
 pub(crate) struct Sentinels {
@@ -42,12 +42,16 @@ impl Sentinels {
         target: &Target,
         config: &ClientConfig,
     ) -> Result<Option<Sentinels>, LockError> {
-        let Target::Sentinel { primary, .. } = target else {
+        let Target::Sentinel {
+            sentinels, primary, ..
+        } = target
+        else {
             return Ok(None);
         };
+        let connections = sentinels.iter().map(|url| to_sentinel(url, config));
         let sentinels = Sentinels {
             primary: primary.clone(),
-            connections: target.sentinel_connections(config)?,
+            connections: connections.collect::<RedisResult<_>>()?,
             limit: config.command_timeout,
         };
         for mut connection in sentinels.connections.clone() {
