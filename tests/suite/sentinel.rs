@@ -361,6 +361,47 @@ async fn grants_are_confirmed_while_a_majority_of_the_sentinels_answer() {
     );
 }
 
+/// A Sentinel that stops answering (its host gone, its process stopped) costs the
+/// command timeout to one round, not to every round: the next rounds go on with the
+/// majority that answers, and wait for it again once it answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_sentinel_delays_one_round_not_every_one() {
+    let group = SentinelGroup::start(Duration::from_secs(5));
+    let config = ClientConfig::new().command_timeout(Duration::from_secs(1));
+    let client = LockClient::sentinel_with(group.sentinel_urls(), group.name, config)
+        .await
+        .unwrap();
+    let options = LockOptions::new().timeout(Duration::from_secs(5));
+    let take_and_give_back = async || {
+        let started = Instant::now();
+        let guard = client.acquire("invoice:4", &options).await.unwrap();
+        guard.release().await.unwrap();
+        started.elapsed()
+    };
+
+    group.sentinels[1].freeze();
+    let started = Instant::now();
+    for _ in 0..5 {
+        take_and_give_back().await;
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(3),
+        "five grants took {waited:?} with one Sentinel silent, on a 1 s command timeout"
+    );
+
+    group.sentinels[1].thaw();
+    take_and_give_back().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    group.sentinels[1].freeze();
+    let waited = take_and_give_back().await;
+    group.sentinels[1].thaw();
+    assert!(
+        waited >= Duration::from_millis(900),
+        "a Sentinel that answered again was not waited for: the grant took {waited:?}"
+    );
+}
+
 /// Waits until the Sentinels name another primary than the frozen one, then thaws
 /// it: a primary they failed over from that lives on.
 async fn thaw_once_failed_over(group: &SentinelGroup) {

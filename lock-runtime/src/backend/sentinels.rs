@@ -7,9 +7,11 @@
 //! grants it confirms were made: a failover under way by then shows in the answers.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::{ConnectionAddr, RedisResult};
+use redis::{ConnectionAddr, RedisError, RedisResult};
 use tokio::task::JoinSet;
 
 use super::connection::{Connection, Target, bounded, to_sentinel};
@@ -18,9 +20,17 @@ use crate::{ClientConfig, LockError};
 pub(crate) struct Sentinels {
     /// The name the Sentinels know the primary by.
     primary: String,
-    /// One to each Sentinel, kept open.
-    connections: Vec<Connection>,
+    sentinels: Vec<Sentinel>,
     limit: Duration,
+}
+
+struct Sentinel {
+    /// Kept open.
+    connection: Connection,
+    /// Its last question went unanswered: rounds do not wait for it, and ask it again
+    /// on the side, one question at a time, until it answers.
+    silent: AtomicBool,
+    asked_on_the_side: AtomicBool,
 }
 
 /// What each Sentinel said of the primary, `None` for one that did not answer.
@@ -48,15 +58,15 @@ impl Sentinels {
         else {
             return Ok(None);
         };
-        let connections = sentinels.iter().map(|url| to_sentinel(url, config));
         let sentinels = Sentinels {
             primary: primary.clone(),
-            connections: connections.collect::<RedisResult<_>>()?,
+            sentinels: (sentinels.iter())
+                .map(|url| Ok(Sentinel::new(to_sentinel(url, config)?)))
+                .collect::<RedisResult<_>>()?,
             limit: config.command_timeout,
         };
-        for mut connection in sentinels.connections.clone() {
-            let named = bounded(sentinels.limit, named_by(&mut connection, primary)).await;
-            if let Err(refused) = named
+        for index in 0..sentinels.sentinels.len() {
+            if let Err(refused) = sentinels.question(index).await
                 && refused.code() == Some("NOPERM")
             {
                 return Err(LockError::InvalidOptions {
@@ -72,22 +82,50 @@ impl Sentinels {
         Ok(Some(sentinels))
     }
 
-    /// Asks every Sentinel at once, each within the command timeout.
-    pub(crate) async fn ask(&self) -> Said {
+    /// Asks every Sentinel at once, each within the command timeout, and waits for
+    /// those not silent: one silent Sentinel would otherwise hold every round for
+    /// the whole timeout. Counting it as not answering keeps the majority rule.
+    pub(crate) async fn ask(self: &Arc<Self>) -> Said {
         let mut asked = JoinSet::new();
-        for (index, connection) in self.connections.iter().enumerate() {
-            let (mut connection, primary) = (connection.clone(), self.primary.clone());
-            let limit = self.limit;
-            asked.spawn(async move {
-                let named = bounded(limit, named_by(&mut connection, &primary)).await;
-                (index, named.ok())
-            });
+        for (index, sentinel) in self.sentinels.iter().enumerate() {
+            let sentinels = self.clone();
+            if !sentinel.silent.load(Ordering::Relaxed) {
+                asked.spawn(async move { (index, sentinels.question(index).await.ok()) });
+            } else if !sentinel.asked_on_the_side.swap(true, Ordering::Relaxed) {
+                tokio::spawn(async move {
+                    let _ = sentinels.question(index).await;
+                    sentinels.sentinels[index]
+                        .asked_on_the_side
+                        .store(false, Ordering::Relaxed);
+                });
+            }
         }
-        let mut said: Vec<Option<Named>> = self.connections.iter().map(|_| None).collect();
+        let mut said: Vec<Option<Named>> = self.sentinels.iter().map(|_| None).collect();
         while let Some(Ok((index, named))) = asked.join_next().await {
             said[index] = named;
         }
         Said(said)
+    }
+
+    /// `SENTINEL MASTER` to the Sentinel at `index`, which is silent from now on if
+    /// it cannot be reached or does not answer in time, until it answers.
+    async fn question(&self, index: usize) -> RedisResult<Named> {
+        let sentinel = &self.sentinels[index];
+        let mut connection = sentinel.connection.clone();
+        let named = bounded(self.limit, named_by(&mut connection, &self.primary)).await;
+        let silent = named.as_ref().is_err_and(RedisError::is_io_error);
+        sentinel.silent.store(silent, Ordering::Relaxed);
+        named
+    }
+}
+
+impl Sentinel {
+    fn new(connection: Connection) -> Sentinel {
+        Sentinel {
+            connection,
+            silent: AtomicBool::new(false),
+            asked_on_the_side: AtomicBool::new(false),
+        }
     }
 }
 
