@@ -36,8 +36,7 @@ const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
 const INSPECTOR_RULES: &str = "+scan";
 
 /// What the Sentinels' ACL user needs, as the README says.
-const SENTINEL_USER_RULES: &str =
-    "-@all +sentinel|masters +sentinel|master +sentinel|replicas +role +client|setinfo";
+const SENTINEL_USER_RULES: &str = "-@all +sentinel|master +sentinel|replicas +client|setinfo";
 
 /// `rules` as `server` takes them: without the rules for commands it does not have.
 fn rules_for<'a>(server: &RedisServer, rules: &'a str) -> Vec<&'a str> {

@@ -412,3 +412,59 @@ async fn thaw_once_failed_over(group: &SentinelGroup) {
     }
     group.primary.thaw();
 }
+
+/// After a failover, the client finds the new primary through the Sentinels that
+/// answer: one listed first that went silent (its host gone without a word) does not
+/// hold the reconnection for its timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_followed_with_the_first_sentinel_silent() {
+    let mut group = SentinelGroup::start(Duration::from_secs(1));
+    // No replica left after the failover; and long bounds, which a lookup that
+    // waited on the silent Sentinel would show.
+    let config = ClientConfig::new()
+        .replicas(0)
+        .connect_timeout(Duration::from_secs(5))
+        .command_timeout(Duration::from_secs(5));
+    let client = LockClient::sentinel_with(group.sentinel_urls(), group.name, config)
+        .await
+        .unwrap();
+    let options = LockOptions::new().timeout(Duration::from_secs(5));
+    let guard = client.acquire("invoice:5", &options).await.unwrap();
+    guard.release().await.unwrap();
+
+    group.sentinels[0].freeze();
+    let old_primary = group.primary.port();
+    group.kill_primary();
+    let started = Instant::now();
+    while primary_named_by(&group.sentinels[1], group.name) == old_primary {
+        assert!(started.elapsed() < Duration::from_secs(30), "no failover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let started = Instant::now();
+    let acquired = after_failover(&client, "invoice:5", &options).await;
+    let waited = started.elapsed();
+    group.sentinels[0].thaw();
+    let guard = acquired.unwrap();
+    assert!(
+        waited < Duration::from_secs(4),
+        "the lock took {waited:?} to grant on the new primary, with 5 s bounds"
+    );
+    let promoted = LockInspector::connect(group.replica.url().as_str())
+        .await
+        .unwrap();
+    let held = promoted.lock("invoice:5").await.unwrap();
+    assert!(
+        held.is_some(),
+        "the lock is not held on the promoted replica"
+    );
+    guard.release().await.unwrap();
+}
+
+fn primary_named_by(sentinel: &lock_tests::RedisServer, name: &str) -> u16 {
+    let named: Vec<String> = redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(name)
+        .query(&mut sentinel.connection())
+        .unwrap();
+    named[1].parse().unwrap()
+}

@@ -10,14 +10,12 @@ use redis::aio::{
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-#[cfg(feature = "tls")]
-use redis::sentinel::SentinelClientBuilder;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, FromRedisValue,
-    IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisConnectionInfo,
-    RedisError, RedisFuture, RedisResult, Script, ServerErrorKind, TlsMode, ToRedisArgs, Value,
+    IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisError, RedisFuture,
+    RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
 };
+use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,7 +47,7 @@ pub(crate) enum Target {
     Sentinel {
         sentinels: Vec<String>,
         primary: String,
-        client: Arc<tokio::sync::Mutex<SentinelClient>>,
+        named: Arc<NamedPrimary>,
     },
 }
 
@@ -100,11 +98,11 @@ impl Target {
         primary: &str,
         config: &ClientConfig,
     ) -> RedisResult<Target> {
-        let client = sentinel_client(&sentinels, primary, ProtocolVersion::RESP2, config)?;
+        let named = NamedPrimary::new(&sentinels, primary, ProtocolVersion::RESP2, config)?;
         Ok(Target::Sentinel {
             sentinels,
             primary: primary.to_owned(),
-            client: Arc::new(tokio::sync::Mutex::new(client)),
+            named: Arc::new(named),
         })
     }
 
@@ -144,7 +142,7 @@ impl Target {
     pub(crate) async fn connect_apart(&self, config: &ClientConfig) -> RedisResult<Connection> {
         let source = match self {
             Target::Server { client, .. } => Source::Server(Box::new(client.clone())),
-            Target::Sentinel { client, .. } => Source::Sentinel(client.clone()),
+            Target::Sentinel { named, .. } => Source::Sentinel(named.clone()),
             Target::Cluster(urls) => {
                 let client = cluster_builder(urls, config).build()?;
                 return Ok(Connection::Cluster {
@@ -254,7 +252,7 @@ impl Target {
             Target::Sentinel {
                 sentinels, primary, ..
             } => {
-                let sentinel = sentinel_client(sentinels, primary, ProtocolVersion::RESP3, config)?;
+                let named = NamedPrimary::new(sentinels, primary, ProtocolVersion::RESP3, config)?;
                 let (dropped, drops) = tokio::sync::mpsc::unbounded_channel();
                 let pushes = move |push: PushInfo| {
                     if push.kind == PushKind::Disconnection {
@@ -263,7 +261,7 @@ impl Target {
                     pushes(push)
                 };
                 let connection = Reconnecting::new(
-                    Source::Sentinel(Arc::new(tokio::sync::Mutex::new(sentinel))),
+                    Source::Sentinel(Arc::new(named)),
                     connection_config(config).set_push_sender(pushes),
                     config,
                     false,
@@ -690,7 +688,7 @@ struct Traffic {
 /// Where a `Reconnecting` connects to.
 enum Source {
     Server(Box<Client>),
-    Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
+    Sentinel(Arc<NamedPrimary>),
 }
 
 impl Reconnecting {
@@ -769,7 +767,7 @@ impl Reconnecting {
         }
         let client = match &shared.source {
             Source::Server(client) => (**client).clone(),
-            Source::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await?,
+            Source::Sentinel(named) => named.client().await?,
         };
         let info = client.get_connection_info();
         let link = if shared.requests_only && Pipe::reaches(info) {
@@ -1068,72 +1066,153 @@ fn cluster_builder(urls: &[String], config: &ClientConfig) -> ClusterClientBuild
     builder
 }
 
-/// The primary takes the user, password and database of the first Sentinel URL, as
-/// deployments that protect both with one password expect, and TLS when that URL is
-/// `rediss://`. The Sentinels keep the credentials of their URLs but not the
-/// database, which they do not have; with certificates configured, they take those
-/// of the first URL, since only redis-rs' builder passes certificates on to the
-/// primary.
-fn sentinel_client(
-    sentinels: &[String],
+/// What one Sentinel says of the primary: its address, and whether it is failing
+/// it over (or a quorum agreed that it is down, which comes first).
+pub(crate) struct Named {
+    pub(crate) ip: String,
+    pub(crate) port: u16,
+    pub(crate) failing_over: bool,
+}
+
+/// `SENTINEL MASTER`'s answer: its address is the old primary's until the failover
+/// ends, but its flags say from the start that one is under way.
+pub(crate) async fn named_by(
+    sentinel: &mut impl ConnectionLike,
     primary: &str,
-    protocol: ProtocolVersion,
-    config: &ClientConfig,
-) -> RedisResult<SentinelClient> {
-    let sentinels = sentinels
-        .iter()
-        .map(|url| Ok(open(url.as_str(), config)?.get_connection_info().clone()))
-        .collect::<RedisResult<Vec<_>>>()?;
-    let redis = match sentinels.first() {
-        Some(info) => info.redis_settings().clone(),
-        None => RedisConnectionInfo::default(),
+) -> RedisResult<Named> {
+    let mut master = redis::cmd("SENTINEL");
+    master.arg("MASTER").arg(primary);
+    let fields: HashMap<String, String> = master.query_async(sentinel).await?;
+    let field = |name: &str| fields.get(name).map(String::as_str).unwrap_or_default();
+    let failing_over = field("flags")
+        .split(',')
+        .any(|flag| flag == "failover_in_progress" || flag == "o_down");
+    Ok(Named {
+        ip: field("ip").to_owned(),
+        port: field("port").parse().unwrap_or(0),
+        failing_over,
+    })
+}
+
+/// The primary the Sentinels name, found again at each connect.
+pub(crate) struct NamedPrimary {
+    /// The name the Sentinels know it by.
+    name: String,
+    sentinels: Vec<Client>,
+    /// The first Sentinel URL, with the protocol to speak: the primary takes its
+    /// user, password and database, as deployments that protect both with one
+    /// password expect, and TLS when it is `rediss://`.
+    node: ConnectionInfo,
+    config: ClientConfig,
+}
+
+impl NamedPrimary {
+    fn new(
+        sentinels: &[String],
+        name: &str,
+        protocol: ProtocolVersion,
+        config: &ClientConfig,
+    ) -> RedisResult<NamedPrimary> {
+        let first = sentinels
+            .first()
+            .ok_or_else(|| RedisError::from((ErrorKind::InvalidClientConfig, "no Sentinel URL")))?;
+        let node = first.as_str().into_connection_info()?;
+        let settings = node.redis_settings().clone().set_protocol(protocol);
+        Ok(NamedPrimary {
+            name: name.to_owned(),
+            sentinels: (sentinels.iter())
+                .map(|url| sentinel_node(url, config))
+                .collect::<RedisResult<_>>()?,
+            node: node.set_redis_settings(settings),
+            config: config.clone(),
+        })
     }
-    .set_protocol(protocol);
-    let tls = sentinels.first().and_then(|info| match info.addr() {
-        ConnectionAddr::TcpTls { insecure: true, .. } => Some(TlsMode::Insecure),
-        ConnectionAddr::TcpTls { .. } => Some(TlsMode::Secure),
-        _ => None,
-    });
-    #[cfg(feature = "tls")]
-    if let Some(certificates) = &config.tls_certificates {
-        let mut builder = SentinelClientBuilder::new(
-            sentinels.iter().map(|info| info.addr().clone()),
-            primary,
-            SentinelServerType::Master,
-        )?
-        .set_client_to_redis_protocol(protocol)
-        .set_client_to_redis_db(redis.db())
-        .set_client_to_redis_certificates(certificates.clone());
-        if let Some(tls) = tls {
-            builder = builder.set_client_to_redis_tls_mode(tls);
+
+    /// Asks every Sentinel at once and takes the first server named that answers
+    /// as a primary, or gives up once most have said no. redis-rs takes the
+    /// Sentinels' answers in the order they are listed, so one silent Sentinel
+    /// listed first held every reconnection after a failover.
+    async fn client(self: &Arc<Self>) -> RedisResult<Client> {
+        let mut asked = tokio::task::JoinSet::new();
+        for index in 0..self.sentinels.len() {
+            let named = self.clone();
+            asked.spawn(async move { named.named_by(index).await });
         }
-        if let Some(user) = redis.username() {
-            builder = builder
-                .set_client_to_redis_username(user)
-                .set_client_to_sentinel_username(user);
+        let (mut refusals, mut unreached) = (Vec::new(), None);
+        while let Some(answer) = asked.join_next().await {
+            match answer {
+                Ok(Ok(Ok(primary))) => return Ok(primary),
+                Ok(Ok(Err(refused))) => refusals.push(refused),
+                Ok(Err(unreachable)) => unreached = Some(unreachable),
+                Err(_) => {}
+            }
+            // Most of them said no: the rest need not be waited for.
+            if refusals.len() * 2 > self.sentinels.len() {
+                break;
+            }
         }
-        if let Some(password) = redis.password() {
-            builder = builder
-                .set_client_to_redis_password(password)
-                .set_client_to_sentinel_password(password);
-        }
-        return builder.build();
+        Err(refusals.pop().or(unreached).unwrap_or_else(|| {
+            RedisError::from((ErrorKind::Io, "no Sentinel answered which primary to reach"))
+        }))
     }
-    let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
-    if let Some(tls) = tls {
-        node = node.set_tls_mode(tls);
+
+    /// The primary the Sentinel at `index` names, within the connect and command
+    /// timeouts: the outer result says whether the Sentinel answered, the inner one
+    /// whether what it named is a primary to reach.
+    async fn named_by(&self, index: usize) -> RedisResult<RedisResult<Client>> {
+        let connecting = connection_config(&self.config);
+        let within = self.config.connect_timeout + self.config.command_timeout;
+        let ask = async {
+            let answer = async {
+                let mut sentinel = (self.sentinels[index])
+                    .get_multiplexed_async_connection_with_config(&connecting)
+                    .await?;
+                named_by(&mut sentinel, &self.name).await
+            };
+            match answer.await {
+                Ok(named) => Ok(self.primary_at(named, &connecting).await),
+                Err(unreachable) if unreachable.is_io_error() => Err(unreachable),
+                Err(refused) => Ok(Err(refused)),
+            }
+        };
+        bounded(within, ask).await
     }
-    let without_db = |info: ConnectionInfo| {
-        let settings = info.redis_settings().clone().set_db(0);
-        info.set_redis_settings(settings)
-    };
-    SentinelClient::build(
-        sentinels.into_iter().map(without_db).collect(),
-        // A `String`: without TLS, redis-rs takes no other type here.
-        String::from(primary),
-        Some(node),
-        SentinelServerType::Master,
-    )
+
+    /// A client for the server a Sentinel named, once it answers `ROLE` as a
+    /// primary and the Sentinel is not failing it over.
+    async fn primary_at(
+        &self,
+        named: Named,
+        connecting: &AsyncConnectionConfig,
+    ) -> RedisResult<Client> {
+        let not_yet = |why| Err(RedisError::from((ErrorKind::Io, why)));
+        if named.failing_over {
+            return not_yet("a Sentinel is failing the primary over");
+        }
+        let (host, port) = (named.ip, named.port);
+        let addr = match self.node.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        let primary = open(self.node.clone().set_addr(addr), &self.config)?;
+        let mut connection = primary
+            .get_multiplexed_async_connection_with_config(connecting)
+            .await?;
+        let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut connection).await?;
+        match role.first() {
+            Some(Value::BulkString(role)) if role == b"master" => Ok(primary),
+            _ => not_yet("the server a Sentinel names is not a primary (a failover under way)"),
+        }
+    }
 }
 
 /// For a single server's subscriber, which listens and never waits on an answer.

@@ -96,6 +96,24 @@ enum CompareAndDelete {
     Delex = 2,
 }
 
+/// A command the ACL user may not run is its setup to fix, not an outage: through
+/// Sentinel, the first connect is the first to ask the Sentinels anything.
+fn refused_at_connect(source: RedisError) -> LockError {
+    if source.code() != Some("NOPERM") {
+        return LockError::Backend { key: None, source };
+    }
+    let command = (source.detail())
+        .and_then(|detail| detail.split('\'').nth(1))
+        .unwrap_or("it");
+    LockError::InvalidOptions {
+        key: String::new(),
+        reason: format!(
+            "the ACL user may not run a command the client needs: {source}; allow `{command}` \
+             to it, as the README's ACL lines do"
+        ),
+    }
+}
+
 impl RedisNode {
     /// Connects now, failing within the connect timeout when Redis is unreachable.
     pub(crate) async fn connect(
@@ -106,7 +124,7 @@ impl RedisNode {
         let unreachable = |source| LockError::Backend { key: None, source };
         let mut connection = bounded(config.connect_timeout, target.connect(config))
             .await
-            .map_err(unreachable)?;
+            .map_err(refused_at_connect)?;
         // Loaded up front (on every primary of a Cluster) so that the first lock costs
         // one round trip, not three.
         for script in [&*ACQUIRE, &*RELEASE_ALONE, &*RELEASE, &*RENEW, &*RENEW_MANY] {

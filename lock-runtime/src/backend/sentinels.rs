@@ -6,7 +6,6 @@
 //! whether it is failing that one over. The round sends its questions after the
 //! grants it confirms were made: a failover under way by then shows in the answers.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -14,7 +13,7 @@ use std::time::Duration;
 use redis::{ConnectionAddr, RedisError, RedisResult};
 use tokio::task::JoinSet;
 
-use super::connection::{Connection, Target, bounded, to_sentinel};
+use super::connection::{Connection, Named, Target, bounded, named_by, to_sentinel};
 use crate::{ClientConfig, LockError};
 
 pub(crate) struct Sentinels {
@@ -35,14 +34,6 @@ struct Sentinel {
 
 /// What each Sentinel said of the primary, `None` for one that did not answer.
 pub(crate) struct Said(Vec<Option<Named>>);
-
-/// What one Sentinel said: the primary it names, and whether it is failing it over
-/// (or a quorum agreed that it is down, which comes first).
-struct Named {
-    ip: String,
-    port: u16,
-    failing_over: bool,
-}
 
 impl Sentinels {
     /// Through Sentinel, the Sentinels to ask; elsewhere `None`. A Sentinel that
@@ -145,21 +136,4 @@ impl Said {
                 .iter()
                 .all(|named| named.ip == *host && named.port == port && !named.failing_over)
     }
-}
-
-/// `SENTINEL MASTER`'s answer: its address is the old primary's until the failover
-/// ends, but its flags say from the start that one is under way.
-async fn named_by(connection: &mut Connection, primary: &str) -> RedisResult<Named> {
-    let mut master = redis::cmd("SENTINEL");
-    master.arg("MASTER").arg(primary);
-    let fields: HashMap<String, String> = connection.query(&master).await?;
-    let field = |name: &str| fields.get(name).map(String::as_str).unwrap_or_default();
-    let failing_over = field("flags")
-        .split(',')
-        .any(|flag| flag == "failover_in_progress" || flag == "o_down");
-    Ok(Named {
-        ip: field("ip").to_owned(),
-        port: field("port").parse().unwrap_or(0),
-        failing_over,
-    })
 }
