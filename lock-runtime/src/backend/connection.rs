@@ -1179,7 +1179,8 @@ impl NamedPrimary {
     }
 
     /// A client for the server a Sentinel named, once it answers `ROLE` as a
-    /// primary and the Sentinel is not failing it over.
+    /// primary and the Sentinel is not failing it over: a primary frozen through a
+    /// failover answers as one once thawed, with whatever it was sent while frozen.
     async fn primary_at(
         &self,
         named: Named,

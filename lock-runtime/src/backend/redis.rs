@@ -96,8 +96,8 @@ enum CompareAndDelete {
     Delex = 2,
 }
 
-/// A command the ACL user may not run is its setup to fix, not an outage: through
-/// Sentinel, the first connect is the first to ask the Sentinels anything.
+/// A command the ACL user may not run at connect is its setup to fix, not an outage
+/// (through Sentinel, the first connect is the first to ask the Sentinels anything).
 fn refused_at_connect(source: RedisError) -> LockError {
     if source.code() != Some("NOPERM") {
         return LockError::Backend { key: None, source };
@@ -121,7 +121,6 @@ impl RedisNode {
         config: &ClientConfig,
         signals: Arc<Signals>,
     ) -> Result<Self, LockError> {
-        let unreachable = |source| LockError::Backend { key: None, source };
         let mut connection = bounded(config.connect_timeout, target.connect(config))
             .await
             .map_err(refused_at_connect)?;
@@ -130,7 +129,7 @@ impl RedisNode {
         for script in [&*ACQUIRE, &*RELEASE_ALONE, &*RELEASE, &*RENEW, &*RENEW_MANY] {
             bounded(config.command_timeout, script.load_async(&mut connection))
                 .await
-                .map_err(unreachable)?;
+                .map_err(refused_at_connect)?;
         }
         if telemetry::WARNS {
             warn_if_locks_may_be_evicted(&mut connection, config.command_timeout).await;
