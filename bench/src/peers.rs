@@ -214,6 +214,17 @@ impl Peer {
         }
     }
 
+    /// Ours through the Sentinels at `sentinels`, which name the primary `name`, as
+    /// [`PeerKind::Library`] is otherwise.
+    pub(crate) async fn library_through_sentinel(
+        sentinels: &[String],
+        name: &str,
+    ) -> Result<Peer, String> {
+        let client = (LockClient::sentinel(sentinels, name).await).map_err(|e| e.to_string())?;
+        let options = LockOptions::new().timeout(ACQUIRE_CAP);
+        Ok(Peer::Library { client, options })
+    }
+
     /// Ours with a fixed lease and no watchdog, on `client`.
     pub(crate) fn library_fixed(client: LockClient) -> Peer {
         let options = LockOptions::new().lease(FIXED_LEASE).timeout(ACQUIRE_CAP);
