@@ -97,6 +97,24 @@ impl LockError {
             source,
         }
     }
+
+    /// A failure while connecting. A command the ACL user may not run is its setup
+    /// to fix, not an outage: it says which command to allow.
+    pub(crate) fn at_connect(source: redis::RedisError) -> Self {
+        if source.code() != Some("NOPERM") {
+            return LockError::Backend { key: None, source };
+        }
+        let command = (source.detail())
+            .and_then(|detail| detail.split('\'').nth(1))
+            .unwrap_or("it");
+        LockError::InvalidOptions {
+            key: String::new(),
+            reason: format!(
+                "the ACL user may not run a command the client needs: {source}; allow \
+                 `{command}` to it, as the README's ACL lines do"
+            ),
+        }
+    }
 }
 
 /// Keys can be up to 64 KiB; messages show the start of long ones.

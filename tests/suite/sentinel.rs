@@ -436,7 +436,7 @@ async fn a_failover_is_followed_with_the_first_sentinel_silent() {
     let old_primary = group.primary.port();
     group.kill_primary();
     let started = Instant::now();
-    while primary_named_by(&group.sentinels[1], group.name) == old_primary {
+    while group.primary_port_named_by(1) == old_primary {
         assert!(started.elapsed() < Duration::from_secs(30), "no failover");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -458,13 +458,4 @@ async fn a_failover_is_followed_with_the_first_sentinel_silent() {
         "the lock is not held on the promoted replica"
     );
     guard.release().await.unwrap();
-}
-
-fn primary_named_by(sentinel: &lock_tests::RedisServer, name: &str) -> u16 {
-    let named: Vec<String> = redis::cmd("SENTINEL")
-        .arg("GET-MASTER-ADDR-BY-NAME")
-        .arg(name)
-        .query(&mut sentinel.connection())
-        .unwrap();
-    named[1].parse().unwrap()
 }

@@ -109,7 +109,13 @@ impl SentinelGroup {
 
     /// The port of the primary the Sentinels name now.
     pub fn primary_port(&self) -> u16 {
-        primary_named_by(&self.sentinels[0], self.name).expect("the Sentinel names a primary")
+        self.primary_port_named_by(0)
+    }
+
+    /// The port of the primary the Sentinel at `index` names now: for when another
+    /// is frozen.
+    pub fn primary_port_named_by(&self, index: usize) -> u16 {
+        primary_named_by(&self.sentinels[index], self.name).expect("the Sentinel names a primary")
     }
 
     /// The server the Sentinels name the primary now.

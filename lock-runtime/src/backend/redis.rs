@@ -96,24 +96,6 @@ enum CompareAndDelete {
     Delex = 2,
 }
 
-/// A command the ACL user may not run at connect is its setup to fix, not an outage
-/// (through Sentinel, the first connect is the first to ask the Sentinels anything).
-fn refused_at_connect(source: RedisError) -> LockError {
-    if source.code() != Some("NOPERM") {
-        return LockError::Backend { key: None, source };
-    }
-    let command = (source.detail())
-        .and_then(|detail| detail.split('\'').nth(1))
-        .unwrap_or("it");
-    LockError::InvalidOptions {
-        key: String::new(),
-        reason: format!(
-            "the ACL user may not run a command the client needs: {source}; allow `{command}` \
-             to it, as the README's ACL lines do"
-        ),
-    }
-}
-
 impl RedisNode {
     /// Connects now, failing within the connect timeout when Redis is unreachable.
     pub(crate) async fn connect(
@@ -123,13 +105,13 @@ impl RedisNode {
     ) -> Result<Self, LockError> {
         let mut connection = bounded(config.connect_timeout, target.connect(config))
             .await
-            .map_err(refused_at_connect)?;
+            .map_err(LockError::at_connect)?;
         // Loaded up front (on every primary of a Cluster) so that the first lock costs
         // one round trip, not three.
         for script in [&*ACQUIRE, &*RELEASE_ALONE, &*RELEASE, &*RENEW, &*RENEW_MANY] {
             bounded(config.command_timeout, script.load_async(&mut connection))
                 .await
-                .map_err(refused_at_connect)?;
+                .map_err(LockError::at_connect)?;
         }
         if telemetry::WARNS {
             warn_if_locks_may_be_evicted(&mut connection, config.command_timeout).await;

@@ -60,14 +60,7 @@ impl Sentinels {
             if let Err(refused) = sentinels.question(index).await
                 && refused.code() == Some("NOPERM")
             {
-                return Err(LockError::InvalidOptions {
-                    key: String::new(),
-                    reason: format!(
-                        "a Sentinel refused `SENTINEL MASTER`, which confirms that each grant \
-                         was made on the primary it names: {refused}; allow `sentinel|master` \
-                         to the user on every Sentinel"
-                    ),
-                });
+                return Err(LockError::at_connect(refused));
             }
         }
         Ok(Some(sentinels))
