@@ -98,21 +98,26 @@ impl LockError {
         }
     }
 
-    /// A failure while connecting. A command the ACL user may not run is its setup
-    /// to fix, not an outage: it says which command to allow.
+    /// A failure while connecting. A command the ACL user may not run, or a primary
+    /// name no Sentinel knows, is the caller's setup to fix, not an outage: it says
+    /// what to change.
     pub(crate) fn at_connect(source: redis::RedisError) -> Self {
-        if source.code() != Some("NOPERM") {
-            return LockError::Backend { key: None, source };
-        }
-        let command = (source.detail())
-            .and_then(|detail| detail.split('\'').nth(1))
-            .unwrap_or("it");
-        LockError::InvalidOptions {
-            key: String::new(),
-            reason: format!(
+        let reason = if source.code() == Some("NOPERM") {
+            let command = (source.detail())
+                .and_then(|detail| detail.split('\'').nth(1))
+                .unwrap_or("it");
+            format!(
                 "the ACL user may not run a command the client needs: {source}; allow \
                  `{command}` to it, as the README's ACL lines do"
-            ),
+            )
+        } else if source.kind() == redis::ErrorKind::InvalidClientConfig {
+            source.detail().unwrap_or(source.category()).to_owned()
+        } else {
+            return LockError::Backend { key: None, source };
+        };
+        LockError::InvalidOptions {
+            key: String::new(),
+            reason,
         }
     }
 }

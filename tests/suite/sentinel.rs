@@ -459,3 +459,23 @@ async fn a_failover_is_followed_with_the_first_sentinel_silent() {
     );
     guard.release().await.unwrap();
 }
+
+/// A primary name no Sentinel monitors is the caller's setup to fix: connecting
+/// fails at once with `InvalidOptions` naming it, not as an outage to retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_name_no_sentinel_monitors_fails_at_connect() {
+    let group = SentinelGroup::start(Duration::from_secs(5));
+    let started = Instant::now();
+    let connected = LockClient::sentinel(&group.sentinel_urls(), "no-such-primary").await;
+    let waited = started.elapsed();
+    let Err(error @ LockError::InvalidOptions { .. }) = connected else {
+        panic!("expected InvalidOptions: {:?}", connected.err());
+    };
+    let message = error.to_string();
+    assert!(message.contains("`no-such-primary`"), "{message}");
+    assert!(message.contains("sentinel monitor"), "{message}");
+    assert!(
+        waited < Duration::from_secs(1),
+        "the refusal took {waited:?}, as if it were an outage"
+    );
+}

@@ -1075,14 +1075,31 @@ pub(crate) struct Named {
 }
 
 /// `SENTINEL MASTER`'s answer: its address is the old primary's until the failover
-/// ends, but its flags say from the start that one is under way.
+/// ends, but its flags say from the start that one is under way. A name the Sentinel
+/// does not monitor is the caller's setup to fix (`InvalidClientConfig`).
 pub(crate) async fn named_by(
     sentinel: &mut impl ConnectionLike,
     primary: &str,
 ) -> RedisResult<Named> {
     let mut master = redis::cmd("SENTINEL");
     master.arg("MASTER").arg(primary);
-    let fields: HashMap<String, String> = master.query_async(sentinel).await?;
+    let fields: HashMap<String, String> = match master.query_async(sentinel).await {
+        Err(refused)
+            if refused
+                .detail()
+                .is_some_and(|why| why.starts_with("No such master")) =>
+        {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "unknown primary name",
+                format!(
+                    "no Sentinel monitors a primary named `{primary}`; give the name of \
+                     its `sentinel monitor` line"
+                ),
+            )));
+        }
+        answer => answer?,
+    };
     let field = |name: &str| fields.get(name).map(String::as_str).unwrap_or_default();
     let failing_over = field("flags")
         .split(',')
