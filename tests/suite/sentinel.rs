@@ -479,3 +479,36 @@ async fn a_primary_name_no_sentinel_monitors_fails_at_connect() {
         "the refusal took {waited:?}, as if it were an outage"
     );
 }
+
+/// The client connects while the first Sentinel listed is silent (its host gone
+/// without a word): it asks the Sentinels at once, not one after another, and the
+/// first grant does not wait for the silent one again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_connects_with_the_first_sentinel_silent() {
+    let group = SentinelGroup::start(Duration::from_secs(5));
+    let config = ClientConfig::new()
+        .connect_timeout(Duration::from_secs(1))
+        .command_timeout(Duration::from_secs(1));
+    group.sentinels[0].freeze();
+    let started = Instant::now();
+    let connected = LockClient::sentinel_with(group.sentinel_urls(), group.name, config).await;
+    let connecting = started.elapsed();
+    let started = Instant::now();
+    let granted = match &connected {
+        Ok(client) => Some(client.acquire("invoice:6", &LockOptions::new()).await),
+        Err(_) => None,
+    };
+    let granting = started.elapsed();
+    group.sentinels[0].thaw();
+    let client = connected.unwrap();
+    granted.unwrap().unwrap().release().await.unwrap();
+    assert!(
+        connecting < Duration::from_millis(1900),
+        "connecting took {connecting:?} on 1 s bounds, with one Sentinel silent"
+    );
+    assert!(
+        granting < Duration::from_millis(500),
+        "the first grant took {granting:?}: it waited for the silent Sentinel"
+    );
+    client.shutdown().await;
+}

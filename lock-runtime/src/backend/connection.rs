@@ -178,8 +178,15 @@ impl Target {
                 },
                 connection,
             ) => {
+                // Asked at once, and the first answer taken: a silent Sentinel listed
+                // first would hold connecting for the whole bound.
+                let mut asked = tokio::task::JoinSet::new();
                 for url in sentinels {
-                    if let Ok(count) = sentinel_replicas(url, primary, config).await {
+                    let (url, primary, config) = (url.clone(), primary.clone(), config.clone());
+                    asked.spawn(async move { sentinel_replicas(&url, &primary, &config).await });
+                }
+                while let Some(answer) = asked.join_next().await {
+                    if let Ok(Ok(count)) = answer {
                         return Ok(Replicas::Everywhere(count));
                     }
                 }

@@ -175,7 +175,7 @@ impl Replication {
                 });
             }
         }
-        let sentinels = Sentinels::of(target, config).await?.map(Arc::new);
+        let sentinels = Sentinels::of(target, config).await?;
         Ok(Some(Replication {
             required,
             rounds: Arc::new(Rounds {

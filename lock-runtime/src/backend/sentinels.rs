@@ -36,28 +36,30 @@ struct Sentinel {
 pub(crate) struct Said(Vec<Option<Named>>);
 
 impl Sentinels {
-    /// Through Sentinel, the Sentinels to ask; elsewhere `None`. A Sentinel that
-    /// refuses the question fails here, where it is a setup error, and not every
-    /// confirmation later.
+    /// Through Sentinel, the Sentinels to ask; elsewhere `None`. They are asked at
+    /// once, so a silent one costs connecting one command timeout, and is not waited
+    /// for by the first round. A Sentinel that refuses the question fails here, where
+    /// it is a setup error, and not every confirmation later.
     pub(crate) async fn of(
         target: &Target,
         config: &ClientConfig,
-    ) -> Result<Option<Sentinels>, LockError> {
+    ) -> Result<Option<Arc<Sentinels>>, LockError> {
         let Target::Sentinel {
             sentinels, primary, ..
         } = target
         else {
             return Ok(None);
         };
-        let sentinels = Sentinels {
+        let sentinels = Arc::new(Sentinels {
             primary: primary.clone(),
             sentinels: (sentinels.iter())
                 .map(|url| Ok(Sentinel::new(to_sentinel(url, config)?)))
                 .collect::<RedisResult<_>>()?,
             limit: config.command_timeout,
-        };
-        for index in 0..sentinels.sentinels.len() {
-            if let Err(refused) = sentinels.question(index).await
+        });
+        let mut asked = sentinels.question_each(0..sentinels.sentinels.len());
+        while let Some(answer) = asked.join_next().await {
+            if let Ok((_, Err(refused))) = answer
                 && refused.code() == Some("NOPERM")
             {
                 return Err(LockError::at_connect(refused));
@@ -70,12 +72,15 @@ impl Sentinels {
     /// those not silent: one silent Sentinel would otherwise hold every round for
     /// the whole timeout. Counting it as not answering keeps the majority rule.
     pub(crate) async fn ask(self: &Arc<Self>) -> Said {
-        let mut asked = JoinSet::new();
-        for (index, sentinel) in self.sentinels.iter().enumerate() {
-            let sentinels = self.clone();
-            if !sentinel.silent.load(Ordering::Relaxed) {
-                asked.spawn(async move { (index, sentinels.question(index).await.ok()) });
-            } else if !sentinel.asked_on_the_side.swap(true, Ordering::Relaxed) {
+        let heard = |index: &usize| !self.sentinels[*index].silent.load(Ordering::Relaxed);
+        let (heard, silent): (Vec<usize>, Vec<usize>) = (0..self.sentinels.len()).partition(heard);
+        let mut asked = self.question_each(heard);
+        for index in silent {
+            if !self.sentinels[index]
+                .asked_on_the_side
+                .swap(true, Ordering::Relaxed)
+            {
+                let sentinels = self.clone();
                 tokio::spawn(async move {
                     let _ = sentinels.question(index).await;
                     sentinels.sentinels[index]
@@ -86,9 +91,22 @@ impl Sentinels {
         }
         let mut said: Vec<Option<Named>> = self.sentinels.iter().map(|_| None).collect();
         while let Some(Ok((index, named))) = asked.join_next().await {
-            said[index] = named;
+            said[index] = named.ok();
         }
         Said(said)
+    }
+
+    /// The Sentinels at `indices`, asked at once.
+    fn question_each(
+        self: &Arc<Self>,
+        indices: impl IntoIterator<Item = usize>,
+    ) -> JoinSet<(usize, RedisResult<Named>)> {
+        let mut asked = JoinSet::new();
+        for index in indices {
+            let sentinels = self.clone();
+            asked.spawn(async move { (index, sentinels.question(index).await) });
+        }
+        asked
     }
 
     /// `SENTINEL MASTER` to the Sentinel at `index`, which is silent from now on if
