@@ -119,7 +119,11 @@ impl ClientConfig {
         self
     }
 
-    /// The longest `connect` and each reconnect may take.
+    /// The longest connecting to one server may take. Through Sentinel or to a
+    /// Cluster, `connect` first asks where to connect (the Sentinels; the listed
+    /// nodes, for the slot map), and a silent one makes it take a few times this:
+    /// a Cluster connection waits for each node it is given, then for each node of
+    /// the slot map, and grants confirmed by replicas need a second one.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -155,6 +159,12 @@ impl ClientConfig {
     pub fn tls_certificates(mut self, certificates: redis::TlsCertificates) -> Self {
         self.tls_certificates = Some(certificates);
         self
+    }
+
+    /// The longest `connect` may take: asking where to connect (the Sentinels; a
+    /// Cluster node, for its slot map) once connected to them, then connecting there.
+    pub(crate) fn connecting_bound(&self) -> Duration {
+        self.connect_timeout * 2 + self.command_timeout
     }
 }
 

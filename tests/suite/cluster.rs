@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use lock_runtime::history::History;
-use lock_runtime::{LockClient, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockOptions};
 use lock_tests::RedisCluster;
 use redis::AsyncCommands;
 
@@ -99,4 +99,38 @@ async fn locking_runs_on_while_the_slot_migrates() {
         lock_calls_on_new_owner >= 20 * 8,
         "the lock followed its slot"
     );
+}
+
+/// The client connects while one primary is silent (its host gone without a word),
+/// and locks whose slots other primaries serve are granted as before. Each of its
+/// two Cluster connections (one waits for replicas) waits for the silent node
+/// twice, connecting to the listed nodes and then to the slot map's; a request
+/// routed to it at connect costs a command timeout more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_connects_with_one_primary_silent() {
+    let cluster = RedisCluster::start();
+    let silent = &cluster.servers[0];
+    let key = (0..)
+        .map(|n| format!("invoice:{n}"))
+        .find(|key| cluster.primary_for(cluster.slot_of(key)).port() != silent.port())
+        .unwrap();
+    let config = ClientConfig::new()
+        .connect_timeout(Duration::from_secs(1))
+        .command_timeout(Duration::from_secs(1));
+    silent.freeze();
+    let started = Instant::now();
+    let connected = LockClient::cluster_with(cluster.urls(), config).await;
+    let connecting = started.elapsed();
+    let granted = match &connected {
+        Ok(client) => Some(client.acquire(&key, &LockOptions::new()).await),
+        Err(_) => None,
+    };
+    silent.thaw();
+    let client = connected.unwrap();
+    granted.unwrap().unwrap().release().await.unwrap();
+    assert!(
+        connecting < Duration::from_secs(7),
+        "connecting took {connecting:?} on 1 s bounds, with one primary silent"
+    );
+    client.shutdown().await;
 }

@@ -9,7 +9,9 @@ use redis::aio::{
 };
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, FromRedisValue,
     IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisError, RedisFuture,
@@ -168,8 +170,13 @@ impl Target {
             (Target::Cluster(_), Connection::Cluster { cluster, .. }) => {
                 let mut slots = redis::cmd("CLUSTER");
                 slots.arg("SLOTS");
-                let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-                let slots = cluster.route_command(slots, random).await?;
+                // Every node is asked and the first answer taken: one chosen at
+                // random may be silent.
+                let first_to_answer = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllNodes,
+                    Some(ResponsePolicy::OneSucceeded),
+                ));
+                let slots = cluster.route_command(slots, first_to_answer).await?;
                 Ok(Replicas::PerSlot(replicas_per_slot(slots)?))
             }
             (

@@ -97,13 +97,14 @@ enum CompareAndDelete {
 }
 
 impl RedisNode {
-    /// Connects now, failing within the connect timeout when Redis is unreachable.
+    /// Connects now, failing within `ClientConfig::connecting_bound` when Redis is
+    /// unreachable.
     pub(crate) async fn connect(
         target: Target,
         config: &ClientConfig,
         signals: Arc<Signals>,
     ) -> Result<Self, LockError> {
-        let mut connection = bounded(config.connect_timeout, target.connect(config))
+        let mut connection = bounded(config.connecting_bound(), target.connect(config))
             .await
             .map_err(LockError::at_connect)?;
         // Loaded up front (on every primary of a Cluster) so that the first lock costs

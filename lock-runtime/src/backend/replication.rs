@@ -157,7 +157,7 @@ impl Replication {
         }
         let limit = config.command_timeout + config.replica_timeout;
         let apart = config.clone().command_timeout(limit);
-        let mut connection = bounded(config.connect_timeout, target.connect_apart(&apart))
+        let mut connection = bounded(config.connecting_bound(), target.connect_apart(&apart))
             .await
             .map_err(unreachable)?;
         let wait_ms = config.replica_timeout.as_millis().clamp(1, u64::MAX.into()) as u64;
