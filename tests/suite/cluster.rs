@@ -1,5 +1,6 @@
 //! A Redis Cluster of three primaries and three replicas: lock traffic keeps its
-//! guarantees while the lock's slot migrates to another primary.
+//! guarantees while the lock's slot migrates to another primary, and the client
+//! connects and goes on locking the other slots while one primary is silent.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -133,4 +134,50 @@ async fn the_client_connects_with_one_primary_silent() {
         "connecting took {connecting:?} on 1 s bounds, with one primary silent"
     );
     client.shutdown().await;
+}
+
+/// While one primary is silent and calls for its slots time out, locks on the other
+/// primaries' slots go on being granted: none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_other_slots_go_on_while_one_primary_is_silent() {
+    let cluster = RedisCluster::start();
+    let silent = &cluster.servers[0];
+    let served_by_silent = |served: bool| {
+        (0..)
+            .map(|n| format!("invoice:{n}"))
+            .find(|key| {
+                (cluster.primary_for(cluster.slot_of(key)).port() == silent.port()) == served
+            })
+            .unwrap()
+    };
+    let (stuck, healthy) = (served_by_silent(true), served_by_silent(false));
+    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let guard = client.acquire(&stuck, &LockOptions::new()).await.unwrap();
+    guard.release().await.unwrap();
+
+    silent.freeze();
+    let timing_out = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut failed = 0;
+            for _ in 0..3 {
+                failed += client.acquire(&stuck, &LockOptions::new()).await.is_err() as usize;
+            }
+            failed
+        })
+    };
+    let (started, mut granted) = (Instant::now(), 0);
+    while started.elapsed() < Duration::from_secs(5) {
+        let guard = client.acquire(&healthy, &LockOptions::new()).await;
+        guard.unwrap().release().await.unwrap();
+        granted += 1;
+    }
+    let failed_on_the_silent_primary = timing_out.await.unwrap();
+    silent.thaw();
+    // The third may reach the replica promoted meanwhile.
+    assert!(
+        failed_on_the_silent_primary >= 2,
+        "its slots were reachable after all"
+    );
+    assert!(granted > 100, "only {granted} grants on other slots in 5 s");
 }
