@@ -213,7 +213,7 @@ impl LockInspector {
         cluster: Option<Vec<String>>,
         config: ClientConfig,
     ) -> Result<LockInspector, LockError> {
-        let connection = bounded(config.connect_timeout, target.connect(&config))
+        let connection = bounded(config.connecting_bound(), target.connect(&config))
             .await
             .map_err(unreachable)?;
         Ok(LockInspector {

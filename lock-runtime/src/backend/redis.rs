@@ -617,7 +617,7 @@ impl RedisNode {
             .subscriber
             .get_or_try_init(|| {
                 let connecting = self.target.subscriber(&self.config, self.signals.clone());
-                bounded(self.config.connect_timeout, connecting)
+                bounded(self.config.connecting_bound(), connecting)
             })
             .await
             .map_err(|source| LockError::backend(name.key(), source))?;
