@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use lock_runtime::history::History;
-use lock_runtime::{ClientConfig, LockClient, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockInspector, LockOptions};
 use lock_tests::RedisCluster;
 use redis::AsyncCommands;
 
@@ -120,15 +120,23 @@ async fn the_client_connects_with_one_primary_silent() {
         .command_timeout(Duration::from_secs(1));
     silent.freeze();
     let started = Instant::now();
-    let connected = LockClient::cluster_with(cluster.urls(), config).await;
+    let connected = LockClient::cluster_with(cluster.urls(), config.clone()).await;
     let connecting = started.elapsed();
     let granted = match &connected {
         Ok(client) => Some(client.acquire(&key, &LockOptions::new()).await),
         Err(_) => None,
     };
+    let inspected = match LockInspector::cluster_with(cluster.urls(), config).await {
+        Ok(inspector) => inspector.lock(&key).await.map(|state| state.is_some()),
+        Err(error) => Err(error),
+    };
     silent.thaw();
     let client = connected.unwrap();
     granted.unwrap().unwrap().release().await.unwrap();
+    assert!(
+        inspected.unwrap(),
+        "the inspector did not see the lock held"
+    );
     assert!(
         connecting < Duration::from_secs(7),
         "connecting took {connecting:?} on 1 s bounds, with one primary silent"
