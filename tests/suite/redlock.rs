@@ -147,3 +147,28 @@ async fn a_majority_gathered_after_the_lease_is_over_grants_nothing() {
     let fine = client.acquire("flash", &LockOptions::new()).await.unwrap();
     assert!(fine.is_held());
 }
+
+/// Two of five masters silent (their hosts gone without a word) cost each call
+/// the 200 ms a master is given, once: a request is not sent again to a master that
+/// did not answer in time. Locking goes on with the other three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_minority_costs_each_call_its_bound_and_locking_goes_on() {
+    let masters = masters(&[]);
+    masters[0].freeze();
+    masters[1].freeze();
+    let client = redlock(&masters).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = Instant::now();
+        let guard = client.acquire("payroll", &LockOptions::new()).await;
+        let released = guard.unwrap().release().await;
+        slowest = slowest.max(started.elapsed());
+        released.unwrap();
+    }
+    masters[0].thaw();
+    masters[1].thaw();
+    assert!(
+        slowest < Duration::from_millis(600),
+        "a lock taken and given back took {slowest:?} with two masters silent"
+    );
+}

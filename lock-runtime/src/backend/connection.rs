@@ -368,11 +368,25 @@ impl<T, F: Future<Output = RedisResult<T>>> Future for Bounded<F> {
     }
 }
 
+/// An I/O error, but a timeout, not a dropped connection: a call is sent again on a
+/// connection found dropped, and sent again to a server gone silent, it would only
+/// double the wait.
 fn no_answer_in_time(limit: Duration) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "no answer from Redis in time: gave up after {} ms",
+            limit.as_millis()
+        ),
+    ))
+}
+
+/// What a call on a connection found silent and forgotten meanwhile gets: a dropped
+/// connection, so that it is sent again, on a new one.
+fn connection_gone() -> RedisError {
     RedisError::from((
         ErrorKind::Io,
-        "no answer from Redis in time",
-        format!("gave up after {} ms", limit.as_millis()),
+        "no answer from Redis on a connection found silent",
     ))
 }
 
@@ -768,7 +782,13 @@ impl Reconnecting {
         let silent = pin!(traffic.silent.notified());
         let mut awaiting = self.awaiting(number, &traffic);
         let answer = pin!(send(&mut link));
-        let answer = unless_silent(answer, silent, self.shared.limit).await?;
+        let answer = match unless_silent(answer, silent, self.shared.limit).await {
+            Ok(answer) => answer,
+            // Found silent before, and forgotten since: sent again, a request goes
+            // to a new connection, where it may well be answered.
+            Err(_) if !self.is_current(number) => return Err(connection_gone()),
+            Err(silent) => return Err(silent),
+        };
         awaiting.answered = true;
         self.check(answer, number)
     }
@@ -839,6 +859,13 @@ impl Reconnecting {
             }
         }
         answer
+    }
+
+    fn is_current(&self, number: u64) -> bool {
+        let slot = self.read_slot();
+        slot.current
+            .as_ref()
+            .is_some_and(|made| made.number == number)
     }
 
     /// Forgets connection `number`, unless a newer one has taken its place.
