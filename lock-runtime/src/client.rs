@@ -161,8 +161,8 @@ impl ClientConfig {
         self
     }
 
-    /// The longest `connect` may take: asking where to connect (the Sentinels; a
-    /// Cluster node, for its slot map) once connected to them, then connecting there.
+    /// The longest `connect` may take: connecting to the Sentinels or to a Cluster's
+    /// listed nodes and asking them where to connect, then connecting there.
     pub(crate) fn connecting_bound(&self) -> Duration {
         self.connect_timeout * 2 + self.command_timeout
     }

@@ -72,8 +72,9 @@ impl Sentinels {
     /// those not silent: one silent Sentinel would otherwise hold every round for
     /// the whole timeout. Counting it as not answering keeps the majority rule.
     pub(crate) async fn ask(self: &Arc<Self>) -> Said {
-        let heard = |index: &usize| !self.sentinels[*index].silent.load(Ordering::Relaxed);
-        let (heard, silent): (Vec<usize>, Vec<usize>) = (0..self.sentinels.len()).partition(heard);
+        let not_silent = |index: &usize| !self.sentinels[*index].silent.load(Ordering::Relaxed);
+        let (heard, silent): (Vec<usize>, Vec<usize>) =
+            (0..self.sentinels.len()).partition(not_silent);
         let mut asked = self.question_each(heard);
         for index in silent {
             if !self.sentinels[index]
