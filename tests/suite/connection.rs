@@ -179,3 +179,37 @@ async fn an_answer_longer_than_a_read_arrives_whole() {
         "a holder was listed without its lease"
     );
 }
+
+/// A `redis::Client` built with TCP settings has them on the connection the lock
+/// client sends its requests over, as on redis-rs' own connections: a keepalive
+/// that keeps an idle connection through a firewall that forgets quiet flows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_tcp_settings_apply_to_its_connections() {
+    let redis = RedisServer::start();
+    let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(77));
+    let info = redis::IntoConnectionInfo::into_connection_info(redis.url().as_str())
+        .unwrap()
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_keepalive(keepalive));
+    let client = LockClient::from_client(redis::Client::open(info).unwrap())
+        .await
+        .unwrap();
+    let guard = client
+        .acquire("invoice", &LockOptions::new())
+        .await
+        .unwrap();
+
+    let listed = std::process::Command::new("ss")
+        .args(["-tnoH", "state", "established", "dst"])
+        .arg(format!("127.0.0.1:{}", redis.port()))
+        .output()
+        .expect("ss, of iproute2");
+    let connections = String::from_utf8_lossy(&listed.stdout).into_owned();
+    guard.release().await.unwrap();
+    assert!(!connections.trim().is_empty(), "no connection listed");
+    for connection in connections.lines() {
+        assert!(
+            connection.contains("timer:(keepalive,"),
+            "a connection without the client's keepalive: {connection}"
+        );
+    }
+}

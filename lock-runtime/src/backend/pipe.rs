@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
+use redis::io::tcp::TcpSettings;
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, tcp};
@@ -438,12 +439,27 @@ impl Input {
     }
 }
 
+/// The TCP settings of the connection info, as redis-rs applies them to its own
+/// connections (all but the linger time, which it does not let us read).
+fn apply(settings: &TcpSettings, stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(settings.nodelay())?;
+    let socket = socket2::SockRef::from(stream);
+    if let Some(keepalive) = settings.keepalive() {
+        socket.set_tcp_keepalive(keepalive)?;
+    }
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    if let Some(timeout) = settings.user_timeout() {
+        socket.set_tcp_user_timeout(Some(timeout))?;
+    }
+    Ok(())
+}
+
 /// The two sides of a new connection to `info`'s address.
 async fn connect(info: &ConnectionInfo) -> io::Result<(Reader, Writer)> {
     match info.addr() {
         ConnectionAddr::Tcp(host, port) => {
             let stream = TcpStream::connect((host.as_str(), *port)).await?;
-            stream.set_nodelay(info.tcp_settings().nodelay())?;
+            apply(info.tcp_settings(), &stream)?;
             let (reader, writer) = stream.into_split();
             Ok((Reader::Tcp(reader), Writer::Tcp(writer)))
         }
