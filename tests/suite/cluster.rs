@@ -111,10 +111,7 @@ async fn locking_runs_on_while_the_slot_migrates() {
 async fn the_client_connects_with_one_primary_silent() {
     let cluster = RedisCluster::start();
     let silent = &cluster.servers[0];
-    let key = (0..)
-        .map(|n| format!("invoice:{n}"))
-        .find(|key| cluster.primary_for(cluster.slot_of(key)).port() != silent.port())
-        .unwrap();
+    let key = a_key(&cluster, |primary| primary != silent.port());
     let config = ClientConfig::new()
         .connect_timeout(Duration::from_secs(1))
         .command_timeout(Duration::from_secs(1));
@@ -150,15 +147,8 @@ async fn the_client_connects_with_one_primary_silent() {
 async fn locks_on_other_slots_go_on_while_one_primary_is_silent() {
     let cluster = RedisCluster::start();
     let silent = &cluster.servers[0];
-    let served_by_silent = |served: bool| {
-        (0..)
-            .map(|n| format!("invoice:{n}"))
-            .find(|key| {
-                (cluster.primary_for(cluster.slot_of(key)).port() == silent.port()) == served
-            })
-            .unwrap()
-    };
-    let (stuck, healthy) = (served_by_silent(true), served_by_silent(false));
+    let stuck = a_key(&cluster, |primary| primary == silent.port());
+    let healthy = a_key(&cluster, |primary| primary != silent.port());
     let client = LockClient::cluster(cluster.urls()).await.unwrap();
     let guard = client.acquire(&stuck, &LockOptions::new()).await.unwrap();
     guard.release().await.unwrap();
@@ -188,4 +178,12 @@ async fn locks_on_other_slots_go_on_while_one_primary_is_silent() {
         "its slots were reachable after all"
     );
     assert!(granted > 100, "only {granted} grants on other slots in 5 s");
+}
+
+/// A key whose slot is served by a primary whose port `served` accepts.
+fn a_key(cluster: &RedisCluster, served: impl Fn(u16) -> bool) -> String {
+    (0..)
+        .map(|n| format!("invoice:{n}"))
+        .find(|key| served(cluster.primary_for(cluster.slot_of(key)).port()))
+        .expect("every primary serves some slot")
 }
