@@ -187,3 +187,27 @@ fn a_key(cluster: &RedisCluster, served: impl Fn(u16) -> bool) -> String {
         .find(|key| served(cluster.primary_for(cluster.slot_of(key)).port()))
         .expect("every primary serves some slot")
 }
+
+/// A primary that lost its scripts (a restart, `SCRIPT FLUSH`) is given them again
+/// while another primary is silent: the reload goes to the primary that asked for
+/// it, not to every primary, which would wait on the silent one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_lost_by_one_primary_are_loaded_again_while_another_is_silent() {
+    let cluster = RedisCluster::start();
+    let silent = &cluster.servers[0];
+    let key = a_key(&cluster, |primary| primary != silent.port());
+    let config = ClientConfig::new().command_timeout(Duration::from_secs(1));
+    let client = LockClient::cluster_with(cluster.urls(), config).await.unwrap();
+    let forgetful = cluster.primary_for(cluster.slot_of(&key));
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut forgetful.connection())
+        .unwrap();
+
+    silent.freeze();
+    let fenced = LockOptions::new().fencing(true);
+    let granted = client.acquire(&key, &fenced).await;
+    silent.thaw();
+    granted.unwrap().release().await.unwrap();
+    client.shutdown().await;
+}

@@ -328,13 +328,52 @@ impl ScriptCall {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // Boxed: the rare way, kept out of every call's future.
                 Box::pin(async {
-                    self.script.load_async(connection).await?;
+                    let mut its_primary = PrimaryOf {
+                        connection: &mut *connection,
+                        key: self.first_key(),
+                    };
+                    self.script.load_async(&mut its_primary).await?;
                     connection.query(&self.command).await
                 })
                 .await
             }
             answer => answer,
         }
+    }
+
+    /// `EVALSHA sha numkeys key …`: every lock script has a key.
+    fn first_key(&self) -> &[u8] {
+        match self.command.args_iter().nth(3) {
+            Some(redis::Arg::Simple(key)) => key,
+            _ => &[],
+        }
+    }
+}
+
+/// A connection whose requests go to the primary that serves `key`. On a Cluster a
+/// script is loaded there, where it was found missing: redis-rs would load it on
+/// every primary and wait for all, a silent one too.
+struct PrimaryOf<'a> {
+    connection: &'a mut Connection,
+    key: &'a [u8],
+}
+
+impl ConnectionLike for PrimaryOf<'_> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.connection.on_primary_of(self.key, cmd.clone()))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.connection.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.connection.get_db()
     }
 }
 
@@ -511,7 +550,11 @@ impl Connection {
 
     /// Sends `command` to the primary that serves `key`; on Cluster, a command with
     /// no key of its own (`WAIT`) goes there too.
-    pub(crate) async fn on_primary_of(&mut self, key: &str, command: Cmd) -> RedisResult<Value> {
+    pub(crate) async fn on_primary_of(
+        &mut self,
+        key: impl AsRef<[u8]>,
+        command: Cmd,
+    ) -> RedisResult<Value> {
         match self {
             Connection::Cluster { cluster, limit } => {
                 let primary = Route::with_key(key, SlotAddr::Master);
