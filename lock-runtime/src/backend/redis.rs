@@ -104,9 +104,15 @@ impl RedisNode {
         config: &ClientConfig,
         signals: Arc<Signals>,
     ) -> Result<Self, LockError> {
-        let mut connection = bounded(config.connecting_bound(), target.connect(config))
-            .await
-            .map_err(LockError::at_connect)?;
+        let apart = async {
+            match Replication::connects_early(&target, config) {
+                true => Some(Replication::connect_apart(&target, config).await),
+                false => None,
+            }
+        };
+        let main = bounded(config.connecting_bound(), target.connect(config));
+        let (main, apart) = tokio::join!(main, apart);
+        let mut connection = main.map_err(LockError::at_connect)?;
         // Loaded up front (on every primary of a Cluster) so that the first lock costs
         // one round trip, not three.
         for script in [&*ACQUIRE, &*RELEASE_ALONE, &*RELEASE, &*RENEW, &*RENEW_MANY] {
@@ -117,9 +123,14 @@ impl RedisNode {
         if telemetry::WARNS {
             warn_if_locks_may_be_evicted(&mut connection, config.command_timeout).await;
         }
-        let replication = Replication::connect(&target, &mut connection, config).await?;
-        let has_set_ifeq = has_set_ifeq(&mut connection, config.command_timeout).await;
-        let compare_and_delete = compare_and_delete(&mut connection, config.command_timeout).await;
+        let replication = Replication::connect(&target, &mut connection, config, apart).await?;
+        // Asked side by side: on a Cluster whose primary for the probe is silent, each
+        // waits out the command timeout.
+        let mut probing = connection.clone();
+        let (has_set_ifeq, compare_and_delete) = tokio::join!(
+            has_set_ifeq(&mut probing, config.command_timeout),
+            compare_and_delete(&mut connection, config.command_timeout)
+        );
         let mut node = Self::with_connection(target, connection, config, signals);
         node.replication = replication;
         node.has_set_ifeq = AtomicBool::new(has_set_ifeq);

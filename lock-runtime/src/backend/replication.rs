@@ -125,12 +125,37 @@ impl Required {
 }
 
 impl Replication {
+    /// Whether the connection grants are confirmed over is made before it is known to
+    /// be needed, beside the main one: on a Cluster, where each of the two would
+    /// otherwise wait on a silent node in turn.
+    pub(crate) fn connects_early(target: &Target, config: &ClientConfig) -> bool {
+        matches!(target, Target::Cluster(_)) && (config.fsync || config.replicas != Some(0))
+    }
+
+    /// The connection grants are confirmed over: one apart from the locks', since
+    /// `WAIT` blocks the connection it is sent on.
+    pub(crate) async fn connect_apart(
+        target: &Target,
+        config: &ClientConfig,
+    ) -> Result<Connection, LockError> {
+        let apart = config.clone().command_timeout(Self::limit(config));
+        bounded(config.connecting_bound(), target.connect_apart(&apart))
+            .await
+            .map_err(|source| LockError::Backend { key: None, source })
+    }
+
+    fn limit(config: &ClientConfig) -> Duration {
+        config.command_timeout + config.replica_timeout
+    }
+
     /// What confirming grants takes on `target`, whose locks `main` takes: `None`
-    /// when nothing is required, which costs nothing.
+    /// when nothing is required, which costs nothing. `apart` is the connection
+    /// `connect_apart` made early, if it did.
     pub(crate) async fn connect(
         target: &Target,
         main: &mut Connection,
         config: &ClientConfig,
+        apart: Option<Result<Connection, LockError>>,
     ) -> Result<Option<Replication>, LockError> {
         let unreachable = |source| LockError::Backend { key: None, source };
         let required = match config.replicas {
@@ -155,11 +180,11 @@ impl Replication {
         if !required.any() && !config.fsync {
             return Ok(None);
         }
-        let limit = config.command_timeout + config.replica_timeout;
-        let apart = config.clone().command_timeout(limit);
-        let mut connection = bounded(config.connecting_bound(), target.connect_apart(&apart))
-            .await
-            .map_err(unreachable)?;
+        let limit = Self::limit(config);
+        let mut connection = match apart {
+            Some(made) => made?,
+            None => Self::connect_apart(target, config).await?,
+        };
         let wait_ms = config.replica_timeout.as_millis().clamp(1, u64::MAX.into()) as u64;
         if config.fsync {
             let mut waitaof = redis::cmd("WAITAOF");
