@@ -124,12 +124,11 @@ impl RedisNode {
             warn_if_locks_may_be_evicted(&mut connection, config.command_timeout).await;
         }
         let replication = Replication::connect(&target, &mut connection, config, apart).await?;
-        // Asked side by side: on a Cluster whose primary for the probe is silent, each
+        // Asked side by side: on a Cluster whose primary for the probes is silent, each
         // waits out the command timeout.
-        let mut probing = connection.clone();
         let (has_set_ifeq, compare_and_delete) = tokio::join!(
-            has_set_ifeq(&mut probing, config.command_timeout),
-            compare_and_delete(&mut connection, config.command_timeout)
+            has_set_ifeq(&connection, config.command_timeout),
+            compare_and_delete(&connection, config.command_timeout)
         );
         let mut node = Self::with_connection(target, connection, config, signals);
         node.replication = replication;
@@ -692,7 +691,7 @@ where
 /// no lock has (a token never is `probe`), and written by nobody, since the value
 /// compared is the value set and `KEEPTTL` keeps its expiry. A server without it
 /// answers with a syntax error, which no `ACL LOG` records.
-async fn has_set_ifeq(connection: &mut Connection, limit: Duration) -> bool {
+async fn has_set_ifeq(connection: &Connection, limit: Duration) -> bool {
     let mut probe = redis::cmd("SET");
     probe
         .arg("lock:{probe}")
@@ -700,6 +699,7 @@ async fn has_set_ifeq(connection: &mut Connection, limit: Duration) -> bool {
         .arg("IFEQ")
         .arg("probe")
         .arg("KEEPTTL");
+    let mut connection = connection.clone();
     let answer = bounded(limit, connection.query::<Option<redis::Value>>(&probe)).await;
     answer.is_ok()
 }
@@ -754,19 +754,27 @@ impl From<u8> for CompareAndDelete {
 /// namespace that no lock has, so nothing is deleted. A server without the command
 /// answers that it does not know it, which no `ACL LOG` records; a user not allowed
 /// it (an ACL line without `+delifeq`) leaves one entry there, and the script serves.
-async fn compare_and_delete(connection: &mut Connection, limit: Duration) -> CompareAndDelete {
-    for native in [CompareAndDelete::Delifeq, CompareAndDelete::Delex] {
-        let Deletion::Native(probe) = native.request("lock:{probe}", "probe") else {
-            continue;
-        };
-        if bounded(limit, connection.query::<i64>(&probe))
-            .await
-            .is_ok()
-        {
-            return native;
+/// Both commands are asked at once, since each may wait out the command timeout.
+async fn compare_and_delete(connection: &Connection, limit: Duration) -> CompareAndDelete {
+    let takes = |native: CompareAndDelete| {
+        let mut connection = connection.clone();
+        async move {
+            let Deletion::Native(probe) = native.request("lock:{probe}", "probe") else {
+                return false;
+            };
+            bounded(limit, connection.query::<i64>(&probe))
+                .await
+                .is_ok()
         }
+    };
+    match tokio::join!(
+        takes(CompareAndDelete::Delifeq),
+        takes(CompareAndDelete::Delex)
+    ) {
+        (true, _) => CompareAndDelete::Delifeq,
+        (false, true) => CompareAndDelete::Delex,
+        (false, false) => CompareAndDelete::Script,
     }
-    CompareAndDelete::Script
 }
 
 /// What a server without a command answers.
