@@ -1,6 +1,7 @@
 //! A Redis Cluster of three primaries and three replicas: lock traffic keeps its
 //! guarantees while the lock's slot migrates to another primary, and the client
-//! connects and goes on locking the other slots while one primary is silent.
+//! connects, goes on locking the other slots, and reloads the scripts a primary lost
+//! while one primary is silent.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -146,23 +147,6 @@ async fn the_client_connects_with_one_primary_silent() {
     client.shutdown().await;
 }
 
-/// `call`'s answer, asked again while it fails for up to 3 s. A Cluster connection
-/// made while a primary is silent may hold its first requests back for a connect
-/// timeout while redis-rs refreshes its slot map, and those requests time out (see
-/// RELIABILITY.md).
-async fn once_settled<T, F>(mut call: impl FnMut() -> F) -> Result<T, LockError>
-where
-    F: Future<Output = Result<T, LockError>>,
-{
-    let started = Instant::now();
-    loop {
-        match call().await {
-            Err(LockError::Backend { .. }) if started.elapsed() < Duration::from_secs(3) => {}
-            answer => return answer,
-        }
-    }
-}
-
 /// While one primary is silent and calls for its slots time out, locks on the other
 /// primaries' slots go on being granted: none fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,14 +186,6 @@ async fn locks_on_other_slots_go_on_while_one_primary_is_silent() {
     assert!(granted > 100, "only {granted} grants on other slots in 5 s");
 }
 
-/// A key whose slot is served by a primary whose port `served` accepts.
-fn a_key(cluster: &RedisCluster, served: impl Fn(u16) -> bool) -> String {
-    (0..)
-        .map(|n| format!("invoice:{n}"))
-        .find(|key| served(cluster.primary_for(cluster.slot_of(key)).port()))
-        .expect("every primary serves some slot")
-}
-
 /// A primary that lost its scripts (a restart, `SCRIPT FLUSH`) is given them again
 /// while another primary is silent: the reload goes to the primary that asked for
 /// it, not to every primary, which would wait on the silent one.
@@ -234,4 +210,29 @@ async fn scripts_lost_by_one_primary_are_loaded_again_while_another_is_silent() 
     silent.thaw();
     granted.unwrap().release().await.unwrap();
     client.shutdown().await;
+}
+
+/// A key whose slot is served by a primary whose port `served` accepts.
+fn a_key(cluster: &RedisCluster, served: impl Fn(u16) -> bool) -> String {
+    (0..)
+        .map(|n| format!("invoice:{n}"))
+        .find(|key| served(cluster.primary_for(cluster.slot_of(key)).port()))
+        .expect("every primary serves some slot")
+}
+
+/// `call`'s answer, asked again while it fails for up to 3 s. A Cluster connection
+/// made while a primary is silent may hold its first requests back for a connect
+/// timeout while redis-rs refreshes its slot map, and those requests time out (see
+/// RELIABILITY.md).
+async fn once_settled<T, F>(mut call: impl FnMut() -> F) -> Result<T, LockError>
+where
+    F: Future<Output = Result<T, LockError>>,
+{
+    let started = Instant::now();
+    loop {
+        match call().await {
+            Err(LockError::Backend { .. }) if started.elapsed() < Duration::from_secs(3) => {}
+            answer => return answer,
+        }
+    }
 }
