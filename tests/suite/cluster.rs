@@ -1,7 +1,7 @@
 //! A Redis Cluster of three primaries and three replicas: lock traffic keeps its
 //! guarantees while the lock's slot migrates to another primary, and the client
 //! connects, goes on locking the other slots, and reloads the scripts a primary lost
-//! while one primary is silent.
+//! while one primary is silent; a lock is confirmed where its slot moved.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -209,6 +209,35 @@ async fn scripts_lost_by_one_primary_are_loaded_again_while_another_is_silent() 
     let granted = client.acquire(&key, &fenced).await;
     silent.thaw();
     granted.unwrap().release().await.unwrap();
+    client.shutdown().await;
+}
+
+/// A client that took a lock before its slot moved takes it again after, where the
+/// slot went, and each grant is confirmed with the replica of the primary that made
+/// it: the check and the `WAIT` go together, and the script that checks is loaded on
+/// each primary the first time it is missing there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_is_confirmed_where_its_slot_moved() {
+    let cluster = RedisCluster::start();
+    let key = "invoice:moving";
+    let slot = cluster.slot_of(key);
+    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let once = LockOptions::new().spin(false);
+    let guard = client.acquire(key, &once).await.unwrap();
+    guard.release().await.unwrap();
+
+    let from = cluster.primary_for(slot).port();
+    let to = cluster
+        .primaries()
+        .into_iter()
+        .find(|primary| primary.port() != from)
+        .expect("another primary");
+    cluster.migrate_slot(slot, to);
+    let calls_before = to.lock_calls();
+    let granted = client.acquire(key, &once).await;
+    let guard = granted.expect("granted and confirmed where the slot moved");
+    assert!(to.lock_calls() > calls_before, "granted on the new owner");
+    guard.release().await.unwrap();
     client.shutdown().await;
 }
 

@@ -237,3 +237,45 @@ async fn cluster_never_leaves_two_believed_holders_after_a_failover() {
     };
     no_two_believed_holders_after_a_failover(failover, key, &control_key).await;
 }
+
+/// The primary dies while grants it made wait for its replica, which is cut off.
+/// redis-rs sends a request for a node it cannot reach to another node, where a
+/// `WAIT` has none of its connection's writes to wait for and returns at once: that
+/// must not count as the replica having a grant. Eight keys in eight slots, each
+/// confirmed with a `WAIT` of its own, each of which may go astray.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_counts_no_grant_whose_primary_died_while_its_replica_was_asked() {
+    let mut cluster = RedisCluster::start();
+    let shard = cluster.shard_for(cluster.slot_of("payroll"));
+    let keys: Vec<String> = (0..)
+        .map(|n| format!("payroll-{n}"))
+        .filter(|key| cluster.shard_for(cluster.slot_of(key)) == shard)
+        .take(8)
+        .collect();
+    let config = ClientConfig::new().replica_timeout(Duration::from_secs(2));
+    let client = LockClient::cluster_with(cluster.urls(), config)
+        .await
+        .expect("connect to the healthy Cluster");
+    let warm_up = client.acquire("warm-up", &LockOptions::new()).await;
+    warm_up.unwrap().release().await.unwrap();
+
+    block_in_place(|| cluster.cut_off_replica(shard));
+    let mut asking = tokio::task::JoinSet::new();
+    for key in keys {
+        let client = client.clone();
+        asking.spawn(async move {
+            let once = LockOptions::new().fencing(true).spin(false);
+            (client.acquire(&key, &once).await, key)
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    block_in_place(|| cluster.kill_primary(shard));
+    while let Some(asked) = asking.join_next().await {
+        if let (Ok(guard), key) = asked.unwrap() {
+            panic!(
+                "`{key}` granted (token {:?}) though the only replica never had it",
+                guard.fencing_token()
+            );
+        }
+    }
+}

@@ -341,6 +341,36 @@ impl ScriptCall {
         }
     }
 
+    /// Runs it and then `after`, all in one pipeline on one connection to the
+    /// primary that serves its first key; loads the script first if the server does
+    /// not have it. Returns its answer, and theirs, each of which may be a refusal.
+    pub(crate) async fn invoke_then(
+        &self,
+        connection: &mut Connection,
+        after: &[Cmd],
+    ) -> RedisResult<(Value, Vec<Value>)> {
+        let mut pipeline = Pipeline::with_capacity(1 + after.len());
+        pipeline.add_command(self.command.clone());
+        for cmd in after {
+            pipeline.add_command(cmd.clone());
+        }
+        let key = self.first_key();
+        let mut answers = connection.pipeline_on_primary_of(key, &pipeline).await?;
+        if matches!(answers.first(), Some(Value::ServerError(refusal))
+            if refusal.kind() == Some(ServerErrorKind::NoScript))
+        {
+            let mut its_primary = PrimaryOf {
+                connection: &mut *connection,
+                key,
+            };
+            self.script.load_async(&mut its_primary).await?;
+            answers = connection.pipeline_on_primary_of(key, &pipeline).await?;
+        }
+        let mut answers = answers.into_iter();
+        let answer = answers.next().unwrap_or(Value::Nil).extract_error()?;
+        Ok((answer, answers.collect()))
+    }
+
     /// `EVALSHA sha numkeys key …`: every lock script has a key.
     fn first_key(&self) -> &[u8] {
         match self.command.args_iter().nth(3) {
@@ -348,6 +378,30 @@ impl ScriptCall {
             _ => &[],
         }
     }
+}
+
+/// How many redirects a pipeline follows: a slot's move or a failover redirects it
+/// once, a move underway twice.
+const REDIRECTS: usize = 3;
+
+/// Where a refusal that is a Cluster's redirect sends the request, and whether it is
+/// an `ASK`, which the request must follow with `ASKING`.
+fn redirect(answer: &Value) -> Option<(SingleNodeRoutingInfo, bool)> {
+    let Value::ServerError(refusal) = answer else {
+        return None;
+    };
+    let ask = match refusal.kind()? {
+        ServerErrorKind::Moved => false,
+        ServerErrorKind::Ask => true,
+        _ => return None,
+    };
+    let (_slot, node) = refusal.details()?.split_once(' ')?;
+    let (host, port) = node.rsplit_once(':')?;
+    let to = SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port: port.parse().ok()?,
+    };
+    Some((to, ask))
 }
 
 /// A connection whose requests go to the primary that serves `key`. On a Cluster a
@@ -548,8 +602,8 @@ impl Connection {
         Ok(redis::from_redis_value(answer?.extract_error()?)?)
     }
 
-    /// Sends `command` to the primary that serves `key`; on Cluster, a command with
-    /// no key of its own (`WAIT`) goes there too.
+    /// Sends `command` to the primary that serves `key`, on Cluster too where the
+    /// command names no key (`SCRIPT LOAD`).
     pub(crate) async fn on_primary_of(
         &mut self,
         key: impl AsRef<[u8]>,
@@ -563,6 +617,43 @@ impl Connection {
             }
             connection => connection.query(&command).await,
         }
+    }
+
+    /// Sends `pipeline` whole, over one connection, to the primary that serves `key`.
+    /// On a Cluster, redis-rs sends a request for a node it cannot reach to another
+    /// one, and a pipeline is redirected by no one: it follows a redirect its first
+    /// answer gives, a few times at most, by address, which is never sent elsewhere.
+    pub(crate) async fn pipeline_on_primary_of(
+        &mut self,
+        key: &[u8],
+        pipeline: &Pipeline,
+    ) -> RedisResult<Vec<Value>> {
+        let count = pipeline.len();
+        let Connection::Cluster { cluster, limit } = self else {
+            return self.req_packed_commands(pipeline, 0, count).await;
+        };
+        let mut route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+        let mut asking = false;
+        for _ in 0..=REDIRECTS {
+            let skipped = usize::from(asking);
+            let mut sent = Pipeline::with_capacity(skipped + count);
+            if asking {
+                sent.cmd("ASKING");
+            }
+            for cmd in pipeline.cmd_iter() {
+                sent.add_command(cmd.clone());
+            }
+            let answers = cluster.route_pipeline(sent, skipped, count, route);
+            let answers = bounded(*limit, answers).await?;
+            let Some((to, ask)) = answers.first().and_then(redirect) else {
+                return Ok(answers);
+            };
+            (route, asking) = (to, ask);
+        }
+        Err(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Moved),
+            "redirected again and again",
+        )))
     }
 
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
@@ -699,19 +790,30 @@ impl Link {
         }
     }
 
+    /// `pipeline`'s answers, refusals included, but for a demoted primary's, as `send`.
     async fn send_many(
         &mut self,
         pipeline: &Pipeline,
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        match self {
-            Link::Pipe(pipe) => pipe.send_many(pipeline, offset, count).await,
+        let answers = match self {
+            Link::Pipe(pipe) => pipe.send_many(pipeline, offset, count).await?,
             Link::Redis(connection) => {
                 connection
                     .send_packed_commands(pipeline, offset, count)
-                    .await
+                    .await?
             }
+        };
+        let demoted = answers.iter().find_map(|answer| match answer {
+            Value::ServerError(refusal) if refusal.kind() == Some(ServerErrorKind::ReadOnly) => {
+                Some(refusal.clone())
+            }
+            _ => None,
+        });
+        match demoted {
+            Some(refusal) => Err(refusal.into()),
+            None => Ok(answers),
         }
     }
 

@@ -1,9 +1,10 @@
 //! A grant counts once the replicas that may be promoted have it. After a script
 //! grants or renews a lock, a round on a connection of its own confirms it: a script
 //! checks that each token still holds its lock and writes that lock's expiry again
-//! as it stands, and a `WAIT` then returns once the replicas have everything the node
-//! had written up to that write, grants included. (`WAIT` counts only the writes of
-//! its own connection, hence the write.) Grants that arrive while a round runs share
+//! as it stands, and a `WAIT`, in the same pipeline, then returns once the replicas
+//! have everything the node had written up to that write, grants included. (`WAIT`
+//! counts only the writes of its own connection, hence the write, and the pipeline,
+//! which keeps the two on one connection.) Grants that arrive while a round runs share
 //! the next one, a group commit: one `WAIT` covers them all, and the connection that
 //! takes and frees locks never blocks on one.
 
@@ -11,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, RedisResult, Script};
+use redis::{ErrorKind, RedisError, RedisResult, Script, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
@@ -74,6 +75,9 @@ impl Shortfall {
     }
 }
 
+/// How long a round's first wait lasts: replicas that keep up acknowledge within it.
+const FIRST_WAIT_MS: u64 = 10;
+
 pub(crate) struct Replication {
     required: Required,
     rounds: Arc<Rounds>,
@@ -99,6 +103,15 @@ struct Rounds {
     wait_ms: u64,
     /// The longest a round's request may take, waiting included.
     limit: Duration,
+}
+
+/// What confirming a group of requests found: whether each token holds its lock,
+/// how many replicas then acknowledged the group's writes, and whether the primary
+/// wrote them to disk, where that is asked for.
+struct Found {
+    held: Vec<bool>,
+    acknowledged: usize,
+    on_disk: Option<bool>,
 }
 
 struct Request {
@@ -297,132 +310,132 @@ async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<R
 }
 
 impl Rounds {
-    /// Confirms `batch`: the checks first, one script per hash slot, then the waits,
-    /// so that a wait on a node finds the checks of every slot it serves done; and
-    /// through Sentinel, the question to the Sentinels alongside.
+    /// Confirms `batch`, one pipeline per hash slot, and through Sentinel, asks them
+    /// alongside.
     async fn run(self: &Arc<Self>, batch: Vec<Request>) {
         let mut asked = (self.sentinels.clone())
             .map(|sentinels| tokio::spawn(async move { sentinels.ask().await }));
-        let mut unconfirmed = false;
         let mut groups: BTreeMap<u16, Vec<Request>> = BTreeMap::new();
         for request in batch {
             let group = if self.cluster { slot(&request.lock) } else { 0 };
             groups.entry(group).or_default().push(request);
         }
-        let mut checks = JoinSet::new();
+        let mut confirming = JoinSet::new();
         for group in groups.into_values() {
-            let rounds = self.clone();
-            checks.spawn(async move {
-                let held = rounds.check(&group).await;
-                (group, held)
-            });
-        }
-        let mut waits = JoinSet::new();
-        while let Some(Ok((group, held))) = checks.join_next().await {
-            let held = match held {
-                Ok(held) if held.iter().any(|&held| held) => held,
-                Ok(_) => {
-                    answer_each(group, |_| Ok(Confirmed::NotHeld));
-                    unconfirmed = true;
-                    continue;
-                }
-                Err(error) => {
-                    answer_each(group, |_| Err(copy(&error)));
-                    continue;
-                }
-            };
             let rounds = self.clone();
             // Through Sentinel there is one group: no Cluster.
             let asked = asked.take();
-            waits.spawn(async move {
-                let waited = rounds.wait(&group).await;
-                let named_by_sentinels = match asked {
-                    Some(asked) => {
+            confirming.spawn(async move {
+                let found = rounds.confirm(&group).await;
+                let named_by_sentinels = match (asked, &found) {
+                    (Some(asked), Ok(found)) if found.held.contains(&true) => {
                         let reached = rounds.connection.reached();
                         let said = asked.await;
                         Some(said.is_ok_and(|said| said.vouch_for(reached.as_ref())))
                     }
-                    None => None,
+                    _ => None,
                 };
-                answer_each_held(group, &held, waited, named_by_sentinels)
+                answer_each(group, found, named_by_sentinels)
             });
         }
-        while let Some(joined) = waits.join_next().await {
+        let mut unconfirmed = false;
+        while let Some(joined) = confirming.join_next().await {
             unconfirmed |= joined.unwrap_or(false);
         }
-        // Only between rounds: a round's check and its `WAIT` must go on one
-        // connection, as `WAIT` counts only the writes of its own.
         if unconfirmed {
             self.connection.ask_sentinels_again();
         }
     }
 
-    async fn check(&self, group: &[Request]) -> RedisResult<Vec<bool>> {
+    /// What confirming `group` finds. The check and the waits go in one pipeline:
+    /// `WAIT` counts only the writes of its own connection, and sent apart, after a
+    /// reconnect or to another Cluster node, it would find none to wait for and
+    /// return at once. A first short wait, then, where some lock is held and the
+    /// replicas have not all acknowledged it yet, the rest: a check that finds
+    /// nothing held (two connections that went different ways through a failover)
+    /// is not kept for the whole wait.
+    async fn confirm(&self, group: &[Request]) -> RedisResult<Found> {
         let locks: Vec<&str> = group.iter().map(|request| request.lock.as_str()).collect();
-        let mut invocation = ScriptCall::new(&CONFIRM, &locks);
+        let mut check = ScriptCall::new(&CONFIRM, &locks);
         for request in group {
-            invocation.arg(&request.token);
+            check.arg(&request.token);
         }
-        let mut connection = self.connection.clone();
-        let held: Vec<i64> = bounded(self.limit, invocation.invoke(&mut connection)).await?;
-        Ok(held.into_iter().map(|held| held == 1).collect())
-    }
-
-    /// How many replicas acknowledged the group's slot's writes, and whether the
-    /// primary wrote them to disk, where that is asked for.
-    async fn wait(&self, group: &[Request]) -> RedisResult<(usize, Option<bool>)> {
-        let lock = &group[0].lock;
         let required = group.iter().map(|request| request.required).max();
-        let mut connection = self.connection.clone();
-        let mut acknowledged = 0;
-        if let Some(required) = required.filter(|&required| required > 0) {
-            let mut wait = redis::cmd("WAIT");
-            wait.arg(required).arg(self.wait_ms);
-            let waited = bounded(self.limit, connection.on_primary_of(lock, wait)).await?;
-            acknowledged = redis::from_redis_value(waited)?;
+        let required = required.filter(|&required| required > 0);
+        let first = FIRST_WAIT_MS.min(self.wait_ms);
+        let found = self.check_then_wait(&check, required, first).await?;
+        let enough = found.acknowledged >= required.unwrap_or(0) && found.on_disk != Some(false);
+        if enough || first == self.wait_ms || !found.held.contains(&true) {
+            return Ok(found);
         }
-        let mut on_disk = None;
+        // The check writes again, and the wait covers that write wherever it goes.
+        self.check_then_wait(&check, required, self.wait_ms - first)
+            .await
+    }
+
+    async fn check_then_wait(
+        &self,
+        check: &ScriptCall,
+        required: Option<usize>,
+        wait_ms: u64,
+    ) -> RedisResult<Found> {
+        let mut waits = Vec::with_capacity(2);
+        if let Some(required) = required {
+            waits.push(redis::cmd("WAIT").arg(required).arg(wait_ms).clone());
+        }
         if self.fsync {
-            let mut waitaof = redis::cmd("WAITAOF");
-            waitaof.arg(1).arg(0).arg(self.wait_ms);
-            let waited = bounded(self.limit, connection.on_primary_of(lock, waitaof)).await?;
-            let (local, _replicas): (usize, usize) = redis::from_redis_value(waited)?;
-            on_disk = Some(local >= 1);
+            waits.push(redis::cmd("WAITAOF").arg(1).arg(0).arg(wait_ms).clone());
         }
-        Ok((acknowledged, on_disk))
+        let mut connection = self.connection.clone();
+        let confirming = check.invoke_then(&mut connection, &waits);
+        let (held, waited) = bounded(self.limit, confirming).await?;
+        let held: Vec<i64> = redis::from_redis_value(held)?;
+        let mut waited = waited.into_iter().map(Value::extract_error);
+        let acknowledged = match required {
+            Some(_) => redis::from_redis_value(waited.next().unwrap_or(Ok(Value::Nil))?)?,
+            None => 0,
+        };
+        let on_disk = match self.fsync {
+            true => {
+                let written = waited.next().unwrap_or(Ok(Value::Nil))?;
+                let (local, _replicas): (usize, usize) = redis::from_redis_value(written)?;
+                Some(local >= 1)
+            }
+            false => None,
+        };
+        Ok(Found {
+            held: held.into_iter().map(|held| held == 1).collect(),
+            acknowledged,
+            on_disk,
+        })
     }
 }
 
-fn answer_each(group: Vec<Request>, answer: impl Fn(&Request) -> RedisResult<Confirmed>) {
-    for request in group {
-        let answer = answer(&request);
-        let _ = request.answer.send(answer);
-    }
-}
-
-/// Answers each request of `group`; whether any was not confirmed.
-fn answer_each_held(
+/// Answers each request of `group` with what confirming it found; whether any was
+/// not confirmed.
+fn answer_each(
     group: Vec<Request>,
-    held: &[bool],
-    waited: RedisResult<(usize, Option<bool>)>,
+    found: RedisResult<Found>,
     named_by_sentinels: Option<bool>,
 ) -> bool {
     let mut unconfirmed = false;
-    for (request, &held) in group.into_iter().zip(held) {
-        let answer = match &waited {
-            _ if !held => Ok(Confirmed::NotHeld),
-            Ok((acknowledged, None | Some(true)))
-                if *acknowledged >= request.required && named_by_sentinels != Some(false) =>
+    for (place, request) in group.into_iter().enumerate() {
+        let answer = match &found {
+            Err(error) => Err(copy(error)),
+            Ok(found) if !found.held.get(place).is_some_and(|&held| held) => Ok(Confirmed::NotHeld),
+            Ok(found)
+                if found.acknowledged >= request.required
+                    && found.on_disk != Some(false)
+                    && named_by_sentinels != Some(false) =>
             {
                 Ok(Confirmed::Yes)
             }
-            &Ok((acknowledged, on_disk)) => Ok(Confirmed::Short(Shortfall {
-                acknowledged,
+            Ok(found) => Ok(Confirmed::Short(Shortfall {
+                acknowledged: found.acknowledged,
                 required: request.required,
-                on_disk,
+                on_disk: found.on_disk,
                 named_by_sentinels,
             })),
-            Err(error) => Err(copy(error)),
         };
         unconfirmed |= matches!(answer, Ok(Confirmed::NotHeld | Confirmed::Short(_)));
         let _ = request.answer.send(answer);
