@@ -13,16 +13,17 @@
 //! - a worker is killed and another started;
 //! - on one Redis, Cluster and Redlock: Redis is frozen past the lease (the server;
 //!   the primary serving the keys' slot; a minority, 2 of 5, of the masters);
-//! - on Sentinel: the replica is cut off for a while and comes back; and the primary
-//!   fails over: the replica is cut off, so that grants made from then on exist on
-//!   the primary alone, the primary is killed, the Sentinels promote the replica,
-//!   and the old primary comes back as a replica. After each failover the test waits
-//!   until every key is held again.
+//! - on Sentinel: the replica is cut off for a while and comes back;
+//! - on Sentinel and Cluster: the keys' primary fails over: its replica is cut off,
+//!   so that grants made from then on exist on the primary alone, the primary is
+//!   killed, the replica is promoted (by the Sentinels; by the Cluster's other
+//!   primaries), and the old primary comes back as a replica. After each failover
+//!   the test waits until every key is held again.
 //!
 //! At least 10,000 sections by default on one Redis, 5,000 on Cluster and Sentinel,
 //! 2,000 on Redlock; `LOCK_CHAOS_SECTIONS=100000` runs more, with faults until most
 //! of them are done (`scripts/chaos`). `LOCK_CHAOS_REPLICAS=0` turns the workers'
-//! replica sync off, to watch the Sentinel run fail.
+//! replica sync off, to watch the Sentinel and Cluster runs fail.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -240,10 +241,16 @@ fn check_token_order(sections: &[Section]) {
         by_end.sort_by_key(|section| section.until);
         let mut by_ask = by_end.clone();
         by_ask.sort_by_key(|section| section.asked);
-        let mut tokens: Vec<u64> = by_end.iter().map(|section| section.token).collect();
-        tokens.sort_unstable();
-        if let Some(twice) = tokens.windows(2).find(|pair| pair[0] == pair[1]) {
-            panic!("`{key}`: token {} was issued twice", twice[0]);
+        let mut by_token = by_end.clone();
+        by_token.sort_by_key(|section| section.token);
+        if let Some(twice) = by_token
+            .windows(2)
+            .find(|pair| pair[0].token == pair[1].token)
+        {
+            panic!(
+                "`{key}`: token {} was issued twice: to {:?} and to {:?}",
+                twice[0].token, twice[0], twice[1]
+            );
         }
         let (mut ended, mut highest): (usize, Option<&Section>) = (0, None);
         for section in by_ask {
@@ -316,6 +323,7 @@ impl Servers {
         use Fault::*;
         match self {
             Servers::Sentinel(_) => (&[PauseWorker, RestartWorker, CutOffReplica, FailOver], 2),
+            Servers::Cluster(_) => (&[PauseWorker, RestartWorker, FreezeRedis, FailOver], 2),
             _ => (&[PauseWorker, RestartWorker, FreezeRedis], 3),
         }
     }
@@ -339,6 +347,15 @@ impl Servers {
                 std::thread::sleep(UNREPLICATED);
                 group.fail_over();
             }
+            (Fault::FailOver, Servers::Cluster(cluster)) => {
+                let slot = cluster.slot_of(SLOW_KEY);
+                let shard = cluster.shard_for(slot);
+                cluster.cut_off_replica(shard);
+                std::thread::sleep(UNREPLICATED);
+                cluster.kill_primary(shard);
+                let shard = cluster.promote_replica(shard, slot, Duration::from_secs(30));
+                cluster.restore_old_primary(shard);
+            }
             (fault, _) => panic!("{fault:?} is not a fault of the servers here"),
         }
     }
@@ -360,7 +377,7 @@ async fn one_redis_keeps_sections_apart_and_tokens_growing_under_faults() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_keeps_sections_apart_and_tokens_growing_under_faults() {
+async fn cluster_keeps_sections_apart_and_tokens_growing_through_failovers() {
     run(Servers::Cluster(RedisCluster::start()), 5_000).await;
 }
 
