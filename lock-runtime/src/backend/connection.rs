@@ -328,11 +328,7 @@ impl ScriptCall {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // Boxed: the rare way, kept out of every call's future.
                 Box::pin(async {
-                    let mut its_primary = PrimaryOf {
-                        connection: &mut *connection,
-                        key: self.first_key(),
-                    };
-                    self.script.load_async(&mut its_primary).await?;
+                    self.load_where_missing(connection).await?;
                     connection.query(&self.command).await
                 })
                 .await
@@ -359,16 +355,22 @@ impl ScriptCall {
         if matches!(answers.first(), Some(Value::ServerError(refusal))
             if refusal.kind() == Some(ServerErrorKind::NoScript))
         {
-            let mut its_primary = PrimaryOf {
-                connection: &mut *connection,
-                key,
-            };
-            self.script.load_async(&mut its_primary).await?;
+            self.load_where_missing(connection).await?;
             answers = connection.pipeline_on_primary_of(key, &pipeline).await?;
         }
         let mut answers = answers.into_iter();
         let answer = answers.next().unwrap_or(Value::Nil).extract_error()?;
         Ok((answer, answers.collect()))
+    }
+
+    /// Loads the script on the primary of its first key, which answered `NOSCRIPT`.
+    async fn load_where_missing(&self, connection: &mut Connection) -> RedisResult<()> {
+        let mut its_primary = PrimaryOf {
+            connection,
+            key: self.first_key(),
+        };
+        self.script.load_async(&mut its_primary).await?;
+        Ok(())
     }
 
     /// `EVALSHA sha numkeys key …`: every lock script has a key.
@@ -782,11 +784,10 @@ impl Link {
             Link::Pipe(pipe) => pipe.send(cmd).await,
             Link::Redis(connection) => connection.send_packed_command(cmd).await,
         };
-        match answer? {
-            Value::ServerError(refusal) if refusal.kind() == Some(ServerErrorKind::ReadOnly) => {
-                Err(refusal.into())
-            }
-            answer => Ok(answer),
+        let answer = answer?;
+        match demoted(&answer) {
+            Some(refusal) => Err(refusal),
+            None => Ok(answer),
         }
     }
 
@@ -805,14 +806,8 @@ impl Link {
                     .await?
             }
         };
-        let demoted = answers.iter().find_map(|answer| match answer {
-            Value::ServerError(refusal) if refusal.kind() == Some(ServerErrorKind::ReadOnly) => {
-                Some(refusal.clone())
-            }
-            _ => None,
-        });
-        match demoted {
-            Some(refusal) => Err(refusal.into()),
+        match answers.iter().find_map(demoted) {
+            Some(refusal) => Err(refusal),
             None => Ok(answers),
         }
     }
@@ -836,6 +831,16 @@ impl Link {
             Link::Redis(connection) => connection.unsubscribe(channel).await,
             Link::Pipe(_) => Err(not_a_subscriber()),
         }
+    }
+}
+
+/// A demoted primary's refusal (`READONLY`), as the connection's error.
+fn demoted(answer: &Value) -> Option<RedisError> {
+    match answer {
+        Value::ServerError(refusal) if refusal.kind() == Some(ServerErrorKind::ReadOnly) => {
+            Some(refusal.clone().into())
+        }
+        _ => None,
     }
 }
 
