@@ -382,30 +382,6 @@ impl ScriptCall {
     }
 }
 
-/// How many redirects a pipeline follows: a slot's move or a failover redirects it
-/// once, a move underway twice.
-const REDIRECTS: usize = 3;
-
-/// Where a refusal that is a Cluster's redirect sends the request, and whether it is
-/// an `ASK`, which the request must follow with `ASKING`.
-fn redirect(answer: &Value) -> Option<(SingleNodeRoutingInfo, bool)> {
-    let Value::ServerError(refusal) = answer else {
-        return None;
-    };
-    let ask = match refusal.kind()? {
-        ServerErrorKind::Moved => false,
-        ServerErrorKind::Ask => true,
-        _ => return None,
-    };
-    let (_slot, node) = refusal.details()?.split_once(' ')?;
-    let (host, port) = node.rsplit_once(':')?;
-    let to = SingleNodeRoutingInfo::ByAddress {
-        host: host.to_owned(),
-        port: port.parse().ok()?,
-    };
-    Some((to, ask))
-}
-
 /// A connection whose requests go to the primary that serves `key`. On a Cluster a
 /// script is loaded there, where it was found missing: redis-rs would load it on
 /// every primary and wait for all, a silent one too.
@@ -622,9 +598,9 @@ impl Connection {
     }
 
     /// Sends `pipeline` whole, over one connection, to the primary that serves `key`.
-    /// On a Cluster, redis-rs sends a request for a node it cannot reach to another
-    /// one, and a pipeline is redirected by no one: it follows a redirect its first
-    /// answer gives, a few times at most, by address, which is never sent elsewhere.
+    /// On a Cluster, where a `MOVED` or `ASK` comes back among its answers, redis-rs
+    /// sends it whole again to the node named; wherever it lands, its commands stay
+    /// together on one connection.
     pub(crate) async fn pipeline_on_primary_of(
         &mut self,
         key: &[u8],
@@ -634,28 +610,9 @@ impl Connection {
         let Connection::Cluster { cluster, limit } = self else {
             return self.req_packed_commands(pipeline, 0, count).await;
         };
-        let mut route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
-        let mut asking = false;
-        for _ in 0..=REDIRECTS {
-            let skipped = usize::from(asking);
-            let mut sent = Pipeline::with_capacity(skipped + count);
-            if asking {
-                sent.cmd("ASKING");
-            }
-            for cmd in pipeline.cmd_iter() {
-                sent.add_command(cmd.clone());
-            }
-            let answers = cluster.route_pipeline(sent, skipped, count, route);
-            let answers = bounded(*limit, answers).await?;
-            let Some((to, ask)) = answers.first().and_then(redirect) else {
-                return Ok(answers);
-            };
-            (route, asking) = (to, ask);
-        }
-        Err(RedisError::from((
-            ErrorKind::Server(ServerErrorKind::Moved),
-            "redirected again and again",
-        )))
+        let primary = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+        let answers = cluster.route_pipeline(pipeline.clone(), 0, count, primary);
+        bounded(*limit, answers).await
     }
 
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
