@@ -8,18 +8,18 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError,
-    RedisResult, Script, Value,
+    RedisResult, Value,
 };
 
-use crate::backend::{Connection, ScriptCall, Target, bounded};
+use crate::backend::{Connection, LuaScript, ScriptCall, Target, bounded};
 use crate::key::LockName;
 use crate::options::Kind;
 use crate::{ClientConfig, LockError};
 
 /// One read of a lock and its companions, on the server that holds them, against
 /// that server's clock.
-static READ_LOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+static READ_LOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
         include_str!("backend/scripts/holders.lua"),
         r"
 local lock, queue, fence = KEYS[1], KEYS[2], KEYS[3]

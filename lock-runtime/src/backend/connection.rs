@@ -293,21 +293,47 @@ impl Target {
     }
 }
 
+/// A lock script, its source kept: a call that finds the server without it sends
+/// the script along.
+pub(crate) struct LuaScript {
+    code: &'static str,
+    hash: String,
+}
+
+impl LuaScript {
+    pub(crate) fn new(code: &'static str) -> LuaScript {
+        let hash = Script::new(code).get_hash().to_owned();
+        LuaScript { code, hash }
+    }
+
+    /// Its SHA1, by which `EVALSHA` names it.
+    pub(crate) fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    /// `SCRIPT LOAD`: on a Cluster, redis-rs sends it to every primary.
+    pub(crate) fn load(&self) -> Cmd {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(self.code);
+        load
+    }
+}
+
 /// One call of a script, sent as `EVALSHA` and built in place: redis-rs'
 /// `ScriptInvocation` first copies each key and argument into an allocation of its
 /// own, which on the everyday release was most of the client's allocations.
 pub(crate) struct ScriptCall {
-    script: &'static Script,
+    script: &'static LuaScript,
     command: Cmd,
 }
 
 impl ScriptCall {
     /// A call of `script` on `keys`, followed by its arguments.
-    pub(crate) fn new<K: ToRedisArgs>(script: &'static Script, keys: &[K]) -> ScriptCall {
+    pub(crate) fn new<K: ToRedisArgs>(script: &'static LuaScript, keys: &[K]) -> ScriptCall {
         let mut command = Cmd::with_capacity(12, 256);
         command
             .arg("EVALSHA")
-            .arg(script.get_hash())
+            .arg(script.hash())
             .arg(keys.len())
             .arg(keys);
         ScriptCall { script, command }
@@ -318,8 +344,8 @@ impl ScriptCall {
         self
     }
 
-    /// Runs it, loading the script first if the server does not have it (a restart
-    /// or a failover wiped it).
+    /// Runs it; where the server does not have the script (a restart or a failover
+    /// wiped it), sends it again with the script.
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         connection: &mut Connection,
@@ -328,8 +354,8 @@ impl ScriptCall {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // Boxed: the rare way, kept out of every call's future.
                 Box::pin(async {
-                    self.load_where_missing(connection).await?;
-                    connection.query(&self.command).await
+                    let (answer, _) = self.pipelined(connection, true, &[]).await?;
+                    Ok(redis::from_redis_value(answer.extract_error()?)?)
                 })
                 .await
             }
@@ -338,39 +364,46 @@ impl ScriptCall {
     }
 
     /// Runs it and then `after`, all in one pipeline on one connection to the
-    /// primary that serves its first key; loads the script first if the server does
-    /// not have it. Returns its answer, and theirs, each of which may be a refusal.
+    /// primary that serves its first key, with the script where the server lacked
+    /// it. Returns its answer, and theirs, each of which may be a refusal.
     pub(crate) async fn invoke_then(
         &self,
         connection: &mut Connection,
         after: &[Cmd],
     ) -> RedisResult<(Value, Vec<Value>)> {
-        let mut pipeline = Pipeline::with_capacity(1 + after.len());
+        let (mut answer, mut answers) = self.pipelined(connection, false, after).await?;
+        if matches!(&answer, Value::ServerError(refusal)
+            if refusal.kind() == Some(ServerErrorKind::NoScript))
+        {
+            (answer, answers) = self.pipelined(connection, true, after).await?;
+        }
+        Ok((answer.extract_error()?, answers))
+    }
+
+    /// Sends it, and `after`, in one pipeline to the primary that serves its first
+    /// key, led by `SCRIPT LOAD` where `loading`: on the connection the call then
+    /// goes by, wherever a failover sends it. Its answer and theirs.
+    async fn pipelined(
+        &self,
+        connection: &mut Connection,
+        loading: bool,
+        after: &[Cmd],
+    ) -> RedisResult<(Value, Vec<Value>)> {
+        let mut pipeline = Pipeline::with_capacity(2 + after.len());
+        if loading {
+            pipeline.add_command(self.script.load());
+        }
         pipeline.add_command(self.command.clone());
         for cmd in after {
             pipeline.add_command(cmd.clone());
         }
-        let key = self.first_key();
-        let mut answers = connection.pipeline_on_primary_of(key, &pipeline).await?;
-        if matches!(answers.first(), Some(Value::ServerError(refusal))
-            if refusal.kind() == Some(ServerErrorKind::NoScript))
-        {
-            self.load_where_missing(connection).await?;
-            answers = connection.pipeline_on_primary_of(key, &pipeline).await?;
+        let answers = connection.pipeline_on_primary_of(self.first_key(), &pipeline);
+        let mut answers = answers.await?.into_iter();
+        if loading {
+            answers.next().unwrap_or(Value::Nil).extract_error()?;
         }
-        let mut answers = answers.into_iter();
-        let answer = answers.next().unwrap_or(Value::Nil).extract_error()?;
+        let answer = answers.next().unwrap_or(Value::Nil);
         Ok((answer, answers.collect()))
-    }
-
-    /// Loads the script on the primary of its first key, which answered `NOSCRIPT`.
-    async fn load_where_missing(&self, connection: &mut Connection) -> RedisResult<()> {
-        let mut its_primary = PrimaryOf {
-            connection,
-            key: self.first_key(),
-        };
-        self.script.load_async(&mut its_primary).await?;
-        Ok(())
     }
 
     /// `EVALSHA sha numkeys key …`: every lock script has a key.
@@ -379,33 +412,6 @@ impl ScriptCall {
             Some(redis::Arg::Simple(key)) => key,
             _ => &[],
         }
-    }
-}
-
-/// A connection whose requests go to the primary that serves `key`. On a Cluster a
-/// script is loaded there, where it was found missing: redis-rs would load it on
-/// every primary and wait for all, a silent one too.
-struct PrimaryOf<'a> {
-    connection: &'a mut Connection,
-    key: &'a [u8],
-}
-
-impl ConnectionLike for PrimaryOf<'_> {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.connection.on_primary_of(self.key, cmd.clone()))
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        self.connection.req_packed_commands(pipeline, offset, count)
-    }
-
-    fn get_db(&self) -> i64 {
-        self.connection.get_db()
     }
 }
 
@@ -578,23 +584,6 @@ impl Connection {
             connection => connection.req_packed_command(cmd).await,
         };
         Ok(redis::from_redis_value(answer?.extract_error()?)?)
-    }
-
-    /// Sends `command` to the primary that serves `key`, on Cluster too where the
-    /// command names no key (`SCRIPT LOAD`).
-    pub(crate) async fn on_primary_of(
-        &mut self,
-        key: impl AsRef<[u8]>,
-        command: Cmd,
-    ) -> RedisResult<Value> {
-        match self {
-            Connection::Cluster { cluster, limit } => {
-                let primary = Route::with_key(key, SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(primary));
-                bounded(*limit, cluster.route_command(command, routing)).await
-            }
-            connection => connection.query(&command).await,
-        }
     }
 
     /// Sends `pipeline` whole, over one connection, to the primary that serves `key`.

@@ -23,7 +23,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{Mutex, watch};
 
 pub(crate) use self::background::{Background, Finishing, Orphan};
-pub(crate) use self::connection::{Connection, ScriptCall, Target, bounded};
+pub(crate) use self::connection::{Connection, LuaScript, ScriptCall, Target, bounded};
 pub(crate) use self::memory::MemoryStore;
 pub(crate) use self::redis::RedisNode;
 pub use self::redis::script_hashes;

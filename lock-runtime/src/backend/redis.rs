@@ -4,11 +4,11 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{Cmd, ErrorKind, RedisError, Script};
+use redis::{Cmd, ErrorKind, RedisError};
 use tokio::sync::OnceCell;
 use tokio::task::JoinSet;
 
-use super::connection::{Connection, ScriptCall, Target, bounded};
+use super::connection::{Connection, LuaScript, ScriptCall, Target, bounded};
 use super::replication::{Confirmed, Replication};
 use super::signals::Signals;
 use super::{Attempt, CLAIM_WINDOW, Queue, Released, Renewing, Waiters, lease_ms, renewal_answers};
@@ -21,7 +21,7 @@ use crate::{ClientConfig, LockError, telemetry};
 macro_rules! lock_script {
     ($head:literal, $file:literal) => {
         LazyLock::new(|| {
-            Script::new(concat!(
+            LuaScript::new(concat!(
                 include_str!($head),
                 include_str!("scripts/holders.lua"),
                 include_str!($file)
@@ -30,7 +30,7 @@ macro_rules! lock_script {
     };
     ($file:literal) => {
         LazyLock::new(|| {
-            Script::new(concat!(
+            LuaScript::new(concat!(
                 include_str!("scripts/holders.lua"),
                 include_str!($file)
             ))
@@ -38,15 +38,15 @@ macro_rules! lock_script {
     };
 }
 
-static ACQUIRE: LazyLock<Script> = lock_script!("scripts/acquire.lua");
-static RELEASE: LazyLock<Script> = lock_script!("scripts/release.lua");
-static RELEASE_ALONE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release_alone.lua")));
-static FORCE_UNLOCK: LazyLock<Script> = lock_script!("scripts/force_unlock.lua");
-static RENEW: LazyLock<Script> = lock_script!("scripts/renew_alone.lua", "scripts/renew.lua");
-static RENEW_MANY: LazyLock<Script> = lock_script!("scripts/renew_many.lua");
-static RAISE_FENCE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
+static ACQUIRE: LazyLock<LuaScript> = lock_script!("scripts/acquire.lua");
+static RELEASE: LazyLock<LuaScript> = lock_script!("scripts/release.lua");
+static RELEASE_ALONE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/release_alone.lua")));
+static FORCE_UNLOCK: LazyLock<LuaScript> = lock_script!("scripts/force_unlock.lua");
+static RENEW: LazyLock<LuaScript> = lock_script!("scripts/renew_alone.lua", "scripts/renew.lua");
+static RENEW_MANY: LazyLock<LuaScript> = lock_script!("scripts/renew_many.lua");
+static RAISE_FENCE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("scripts/raise_fence.lua")));
 
 /// The most locks one renewal call takes: each costs Redis a read and a write, and
 /// the call blocks the server while it runs.
@@ -56,11 +56,11 @@ const RENEWALS_PER_CALL: usize = 256;
 /// that count Redis requests per script.
 pub fn script_hashes() -> [(&'static str, &'static str); 5] {
     [
-        ("acquire", ACQUIRE.get_hash()),
-        ("release_alone", RELEASE_ALONE.get_hash()),
-        ("release", RELEASE.get_hash()),
-        ("force_unlock", FORCE_UNLOCK.get_hash()),
-        ("renew", RENEW.get_hash()),
+        ("acquire", ACQUIRE.hash()),
+        ("release_alone", RELEASE_ALONE.hash()),
+        ("release", RELEASE.hash()),
+        ("force_unlock", FORCE_UNLOCK.hash()),
+        ("renew", RENEW.hash()),
     ]
 }
 
@@ -116,9 +116,12 @@ impl RedisNode {
         // Loaded up front (on every primary of a Cluster) so that the first lock costs
         // one round trip, not three.
         for script in [&*ACQUIRE, &*RELEASE_ALONE, &*RELEASE, &*RENEW, &*RENEW_MANY] {
-            bounded(config.command_timeout, script.load_async(&mut connection))
-                .await
-                .map_err(LockError::at_connect)?;
+            bounded(
+                config.command_timeout,
+                connection.query::<String>(&script.load()),
+            )
+            .await
+            .map_err(LockError::at_connect)?;
         }
         if telemetry::WARNS {
             warn_if_locks_may_be_evicted(&mut connection, config.command_timeout).await;

@@ -12,17 +12,17 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, RedisResult, Script, Value};
+use redis::{ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use super::connection::{Connection, Replicas, ScriptCall, Target, bounded};
+use super::connection::{Connection, LuaScript, Replicas, ScriptCall, Target, bounded};
 use super::sentinels::Sentinels;
 use crate::key::{LockName, slot};
 use crate::{ClientConfig, LockError};
 
-static CONFIRM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
+static CONFIRM: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(concat!(
         include_str!("scripts/holders.lua"),
         include_str!("scripts/confirm.lua")
     ))
