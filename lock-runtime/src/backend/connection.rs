@@ -311,7 +311,8 @@ impl LuaScript {
         &self.hash
     }
 
-    /// `SCRIPT LOAD`: on a Cluster, redis-rs sends it to every primary.
+    /// `SCRIPT LOAD` of it. Sent alone to a Cluster, redis-rs sends it to every
+    /// primary.
     pub(crate) fn load(&self) -> Cmd {
         let mut load = redis::cmd("SCRIPT");
         load.arg("LOAD").arg(self.code);
