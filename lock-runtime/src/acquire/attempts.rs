@@ -50,9 +50,17 @@ pub(super) async fn until_granted(
         let sent_at = Instant::now();
         attempts += 1;
         telemetry::attempted(attempts);
-        let attempt = backend
-            .acquire(&name, &token, plan.kind, plan.lease, plan.fencing, join)
-            .await?;
+        let attempt = backend.acquire(&name, &token, plan.kind, plan.lease, plan.fencing, join);
+        // An acquire asks at least once, however short its budget; after its first
+        // answer nothing waits past the budget. An attempt cut off is finished in the
+        // background, which gives back what it may have been granted.
+        let attempt = match attempts {
+            1 => attempt.await?,
+            _ => match within(deadline, attempt).await {
+                Some(attempt) => attempt?,
+                None => return Err(timeout(&name, attempts, started)),
+            },
+        };
         // The error to end with when the attempt was granted but the replicas did
         // not confirm it.
         let (retry_in, unreplicated) = match attempt {
@@ -91,7 +99,10 @@ pub(super) async fn until_granted(
             return Err(timeout(&name, attempts, started));
         }
         if releases.is_none() && !polls {
-            releases = turn.releases().await;
+            releases = match within(deadline, turn.releases()).await {
+                Some(releases) => releases,
+                None => return Err(timeout(&name, attempts, started)),
+            };
             polls = releases.is_none();
             // Listening now, or polling from now on within the claim window: either
             // way no pass goes unclaimed, so ask again, joining the queue.
@@ -121,6 +132,12 @@ pub(super) async fn until_granted(
             retries_left = retries_left.map(|left| left - 1);
         }
     }
+}
+
+/// `step`'s output, unless `deadline` comes first. Boxed: a waiter's way, whose timer
+/// would otherwise weigh on every acquire's future.
+async fn within<T>(deadline: Instant, step: impl Future<Output = T>) -> Option<T> {
+    Box::pin(tokio::time::timeout_at(deadline, step)).await.ok()
 }
 
 /// A place in the store's queue for the lock, kept by one token from attempt to
