@@ -33,6 +33,9 @@ pub(super) async fn until_granted(
     let mut place: Option<QueuePlace> = None;
     let mut retries_left = plan.retries;
     let mut attempts = 0;
+    // The error to end with while the last answer was a grant that the replicas did
+    // not confirm.
+    let mut unreplicated: Option<LockError> = None;
     loop {
         if let Some(releases) = &mut releases {
             releases.mark_unchanged();
@@ -58,12 +61,13 @@ pub(super) async fn until_granted(
             1 => attempt.await?,
             _ => match within(deadline, attempt).await {
                 Some(attempt) => attempt?,
-                None => return Err(timeout(&name, attempts, started)),
+                None => {
+                    let timed_out = || timeout(&name, attempts, started);
+                    return Err(unreplicated.unwrap_or_else(timed_out));
+                }
             },
         };
-        // The error to end with when the attempt was granted but the replicas did
-        // not confirm it.
-        let (retry_in, unreplicated) = match attempt {
+        let retry_in = match attempt {
             Attempt::Granted { fence } => {
                 if let Some(place) = &mut place {
                     place.taken = true;
@@ -76,8 +80,14 @@ pub(super) async fn until_granted(
                     turn,
                 });
             }
-            Attempt::Busy { retry_in, .. } => (retry_in, None),
-            Attempt::Unreplicated(shortfall) => (None, Some(shortfall.error(name.key()))),
+            Attempt::Busy { retry_in, .. } => {
+                unreplicated = None;
+                retry_in
+            }
+            Attempt::Unreplicated(shortfall) => {
+                unreplicated = Some(shortfall.error(name.key()));
+                None
+            }
             Attempt::Clash { held_as } => return Err(clash(&name, held_as, plan.kind)),
         };
         if join.is_some() && place.is_none() {
@@ -89,7 +99,7 @@ pub(super) async fn until_granted(
             });
         }
         let out_of_time = retries_left == Some(0) || Instant::now() >= deadline;
-        if let Some(error) = unreplicated.filter(|_| !plan.spin || out_of_time) {
+        if let Some(error) = unreplicated.take_if(|_| !plan.spin || out_of_time) {
             return Err(error);
         }
         if !plan.spin {
@@ -101,7 +111,10 @@ pub(super) async fn until_granted(
         if releases.is_none() && !polls {
             releases = match within(deadline, turn.releases()).await {
                 Some(releases) => releases,
-                None => return Err(timeout(&name, attempts, started)),
+                None => {
+                    let timed_out = || timeout(&name, attempts, started);
+                    return Err(unreplicated.unwrap_or_else(timed_out));
+                }
             };
             polls = releases.is_none();
             // Listening now, or polling from now on within the claim window: either
