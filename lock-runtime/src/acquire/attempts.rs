@@ -33,9 +33,6 @@ pub(super) async fn until_granted(
     let mut place: Option<QueuePlace> = None;
     let mut retries_left = plan.retries;
     let mut attempts = 0;
-    // The error to end with while the last answer was a grant that the replicas did
-    // not confirm.
-    let mut unreplicated: Option<LockError> = None;
     loop {
         if let Some(releases) = &mut releases {
             releases.mark_unchanged();
@@ -53,21 +50,12 @@ pub(super) async fn until_granted(
         let sent_at = Instant::now();
         attempts += 1;
         telemetry::attempted(attempts);
-        let attempt = backend.acquire(&name, &token, plan.kind, plan.lease, plan.fencing, join);
-        // An acquire asks at least once, however short its budget; after its first
-        // answer nothing waits past the budget. An attempt cut off is finished in the
-        // background, which gives back what it may have been granted.
-        let attempt = match attempts {
-            1 => attempt.await?,
-            _ => match within(deadline, attempt).await {
-                Some(attempt) => attempt?,
-                None => {
-                    let timed_out = || timeout(&name, attempts, started);
-                    return Err(unreplicated.unwrap_or_else(timed_out));
-                }
-            },
-        };
-        let retry_in = match attempt {
+        let attempt = backend
+            .acquire(&name, &token, plan.kind, plan.lease, plan.fencing, join)
+            .await?;
+        // The error to end with when the attempt was granted but the replicas did
+        // not confirm it.
+        let (retry_in, unreplicated) = match attempt {
             Attempt::Granted { fence } => {
                 if let Some(place) = &mut place {
                     place.taken = true;
@@ -80,14 +68,8 @@ pub(super) async fn until_granted(
                     turn,
                 });
             }
-            Attempt::Busy { retry_in, .. } => {
-                unreplicated = None;
-                retry_in
-            }
-            Attempt::Unreplicated(shortfall) => {
-                unreplicated = Some(shortfall.error(name.key()));
-                None
-            }
+            Attempt::Busy { retry_in, .. } => (retry_in, None),
+            Attempt::Unreplicated(shortfall) => (None, Some(shortfall.error(name.key()))),
             Attempt::Clash { held_as } => return Err(clash(&name, held_as, plan.kind)),
         };
         if join.is_some() && place.is_none() {
@@ -99,7 +81,7 @@ pub(super) async fn until_granted(
             });
         }
         let out_of_time = retries_left == Some(0) || Instant::now() >= deadline;
-        if let Some(error) = unreplicated.take_if(|_| !plan.spin || out_of_time) {
+        if let Some(error) = unreplicated.filter(|_| !plan.spin || out_of_time) {
             return Err(error);
         }
         if !plan.spin {
@@ -109,13 +91,7 @@ pub(super) async fn until_granted(
             return Err(timeout(&name, attempts, started));
         }
         if releases.is_none() && !polls {
-            releases = match within(deadline, turn.releases()).await {
-                Some(releases) => releases,
-                None => {
-                    let timed_out = || timeout(&name, attempts, started);
-                    return Err(unreplicated.unwrap_or_else(timed_out));
-                }
-            };
+            releases = turn.releases().await;
             polls = releases.is_none();
             // Listening now, or polling from now on within the claim window: either
             // way no pass goes unclaimed, so ask again, joining the queue.
@@ -145,12 +121,6 @@ pub(super) async fn until_granted(
             retries_left = retries_left.map(|left| left - 1);
         }
     }
-}
-
-/// `step`'s output, unless `deadline` comes first. Boxed: a waiter's way, whose timer
-/// would otherwise weigh on every acquire's future.
-async fn within<T>(deadline: Instant, step: impl Future<Output = T>) -> Option<T> {
-    Box::pin(tokio::time::timeout_at(deadline, step)).await.ok()
 }
 
 /// A place in the store's queue for the lock, kept by one token from attempt to
