@@ -398,7 +398,7 @@ impl ScriptCall {
         for cmd in after {
             pipeline.add_command(cmd.clone());
         }
-        let answers = connection.pipeline_on_primary_of(self.first_key(), &pipeline);
+        let answers = connection.pipeline_on_primary_of(self.first_key(), pipeline);
         let mut answers = answers.await?.into_iter();
         if loading {
             answers.next().unwrap_or(Value::Nil).extract_error()?;
@@ -594,14 +594,14 @@ impl Connection {
     pub(crate) async fn pipeline_on_primary_of(
         &mut self,
         key: &[u8],
-        pipeline: &Pipeline,
+        pipeline: Pipeline,
     ) -> RedisResult<Vec<Value>> {
         let count = pipeline.len();
         let Connection::Cluster { cluster, limit } = self else {
-            return self.req_packed_commands(pipeline, 0, count).await;
+            return self.req_packed_commands(&pipeline, 0, count).await;
         };
         let primary = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
-        let answers = cluster.route_pipeline(pipeline.clone(), 0, count, primary);
+        let answers = cluster.route_pipeline(pipeline, 0, count, primary);
         bounded(*limit, answers).await
     }
 
