@@ -4,10 +4,11 @@
 //! with a general parser: that was half the client's work on the everyday acquire
 //! and release. Here a request is written in place into the connection's buffer,
 //! and onto the socket at once by its caller when no answer is due; one task reads
-//! the answers, which come in the order sent, and writes all that queued behind them
-//! in one write: when answers arrive, and again once the tasks they woke have run.
-//! So Redis reads many requests at a time when busy, and has the next ones before it
-//! is done with these.
+//! the answers, which come in the order sent, and writes what queued behind them:
+//! woken by the first request to queue, it writes all that queued by the time it
+//! runs in one write, and again once the tasks that answers woke have run. So Redis
+//! has the next requests before it is done with these, and reads many at a time
+//! when busy.
 //!
 //! It speaks RESP2 and carries no pushes: TLS and subscribers stay on redis-rs'.
 
@@ -241,25 +242,26 @@ impl Shared {
     }
 
     /// Queues a request that `write` writes, answered to `waiter`. On an idle
-    /// connection its caller puts it onto the socket now. Behind answers due, the
-    /// driver sends it with every other request queued by then in one write, so that
-    /// Redis reads them in one batch too: when the next answers arrive, or when the
-    /// tasks that the last answers woke have run, whichever is first.
+    /// connection its caller puts it onto the socket now. Behind answers due, it wakes
+    /// the driver, which sends it with every other request queued by the time it runs
+    /// in one write, so that Redis reads them in one batch too. Waiting instead for the
+    /// next answers to send it left Redis idle between batches.
     fn queue(&self, write: impl FnOnce(&mut Vec<u8>), waiter: Waiter) -> RedisResult<()> {
         let mut state = self.lock();
         if let Some((kind, why)) = &state.broken {
             return Err(io::Error::new(*kind, why.clone()).into());
         }
-        let idle = state.unsent.is_empty() && state.waiting.is_empty();
+        let nothing_unsent = state.unsent.is_empty();
+        let idle = nothing_unsent && state.waiting.is_empty();
         write(&mut state.unsent);
         state.waiting.push_back(waiter);
-        if !idle {
-            return Ok(());
-        }
-        if let Err(error) = state.write_some() {
+        if idle && let Err(error) = state.write_some() {
             self.break_with(&mut state, error.kind(), &error.to_string());
         }
-        if !state.unsent.is_empty()
+        // Whoever leaves the first unsent bytes wakes the driver; those queued after
+        // them go in the same write.
+        if nothing_unsent
+            && !state.unsent.is_empty()
             && let Some(driver) = state.driver.take()
         {
             driver.wake();
