@@ -121,7 +121,10 @@ impl LockOptions {
     }
 
     /// An overall deadline for acquiring. Without `retries` it is the only bound;
-    /// with both, whichever comes first ends the waiting.
+    /// with both, whichever comes first ends the waiting. An attempt already sent
+    /// runs to its answer, so a Redis gone silent can make an acquire end up to one
+    /// command timeout after its deadline: an attempt cut short could leave a grant
+    /// held that its caller was told it did not get.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
