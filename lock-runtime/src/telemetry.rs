@@ -108,6 +108,18 @@ pub(crate) fn lost(key: &str, meters: &Meters) {
     let _ = (key, meters);
 }
 
+/// Redis granted `key` only after the lease asked for could have run out; the
+/// acquire gives it back and asks again.
+pub(crate) fn granted_late(key: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        key,
+        "lock granted too late to use: its lease could have run out before the answer came; \
+         asking again"
+    );
+    let _ = key;
+}
+
 /// The watchdog could not renew `key`'s lease; it tries again while the lease lasts.
 pub(crate) fn renewal_failed(key: &str, error: &LockError) {
     #[cfg(feature = "tracing")]

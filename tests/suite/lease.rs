@@ -223,3 +223,74 @@ async fn the_clients_next_task_gets_the_lock_when_a_shortened_lease_ends() {
     assert!(!guard.is_held());
     next.release().await.unwrap();
 }
+
+/// An answer that comes after the lease it grants could have run out is no grant:
+/// the acquire gives the lock back and asks again, and the guard it returns holds.
+/// The request is held back in the network past the lease, so Redis runs it late and
+/// holds the lock for a lease from then, which the acquire has to give back first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_answered_after_its_lease_could_have_ended_is_asked_for_again() {
+    let redis = RedisServer::start();
+    let proxy = TcpProxy::start(redis.port()).await;
+    let config = ClientConfig::new().command_timeout(Duration::from_secs(5));
+    let client = LockClient::connect_with(&proxy.url(), config)
+        .await
+        .unwrap();
+    let other = LockClient::connect(&redis.url()).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let plain = LockOptions::new().lease(lease);
+    for (way, options) in [
+        ("plain", plain.clone()),
+        ("fenced", plain.clone().fencing(true)),
+        ("watchdog", plain.clone().watchdog(true)),
+    ] {
+        client
+            .acquire("payout", &options)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        proxy.stall();
+        let acquiring = {
+            let (client, options) = (
+                client.clone(),
+                options.clone().timeout(Duration::from_secs(5)),
+            );
+            tokio::spawn(async move { client.acquire("payout", &options).await })
+        };
+        tokio::time::sleep(lease + Duration::from_millis(100)).await;
+        proxy.resume();
+        let guard = acquiring
+            .await
+            .unwrap()
+            .unwrap_or_else(|error| panic!("{way}: {error}"));
+        assert!(guard.is_held(), "{way}: the guard returned holds nothing");
+        let intruder = other
+            .try_acquire("payout", &LockOptions::new())
+            .await
+            .unwrap();
+        assert!(
+            intruder.is_none(),
+            "{way}: another client got in beside the guard"
+        );
+        guard.release().await.unwrap();
+
+        // Asked not to wait, it fails, and leaves nothing held.
+        proxy.stall();
+        let acquiring = {
+            let (client, options) = (client.clone(), options.clone().spin(false));
+            tokio::spawn(async move { client.acquire("payout", &options).await })
+        };
+        tokio::time::sleep(lease + Duration::from_millis(100)).await;
+        proxy.resume();
+        let late = acquiring.await.unwrap();
+        assert!(
+            matches!(late, Err(LockError::Busy { .. })),
+            "{way}: {late:?}"
+        );
+        client.shutdown().await;
+        let left = other.lease_left("payout").await.unwrap();
+        assert_eq!(left, None, "{way}: the late grant was left in Redis");
+    }
+}

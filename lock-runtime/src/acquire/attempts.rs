@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::{Acquirer, busy, clash, timeout};
 use crate::LockError;
 use crate::backend::{Attempt, Backend, CLAIM_WINDOW};
-use crate::hold::{ClientTurn, Grant};
+use crate::hold::{ClientTurn, Grant, valid_until};
 use crate::key::LockName;
 use crate::options::{Kind, Plan};
 use crate::telemetry;
@@ -56,7 +56,7 @@ pub(super) async fn until_granted(
         // The error to end with when the attempt was granted but the replicas did
         // not confirm it.
         let (retry_in, unreplicated) = match attempt {
-            Attempt::Granted { fence } => {
+            Attempt::Granted { fence } if Instant::now() < valid_until(sent_at, plan.lease) => {
                 if let Some(place) = &mut place {
                     place.taken = true;
                 }
@@ -67,6 +67,24 @@ pub(super) async fn until_granted(
                     sent_at,
                     turn,
                 });
+            }
+            // Answered after the lease it asked for could have run out: nothing is
+            // known held. What Redis may still keep under the token is given back
+            // (dropping the place withdraws it), and the next attempt asks under a
+            // new token at once.
+            Attempt::Granted { .. } => {
+                telemetry::granted_late(name.key());
+                if place.take().is_none() {
+                    backend.withdraw(&name, &token);
+                }
+                if !plan.spin {
+                    return Err(busy(&name));
+                }
+                if retries_left == Some(0) || Instant::now() >= deadline {
+                    return Err(timeout(&name, attempts, started));
+                }
+                retries_left = retries_left.map(|left| left - 1);
+                continue;
             }
             Attempt::Busy { retry_in, .. } => (retry_in, None),
             Attempt::Unreplicated(shortfall) => (None, Some(shortfall.error(name.key()))),

@@ -177,6 +177,7 @@ impl Drop for Renewal<'_> {
     }
 }
 
-fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
+/// The end of a lease asked for at `sent_at`, by this process's clock.
+pub(crate) fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
     sent_at + lease.saturating_sub(clock_drift(lease))
 }

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use self::acquisition::{Acquisition, Ending};
 pub use self::guard::LockGuard;
 use self::keeper::{Care, Keeper};
+pub(crate) use self::lease::valid_until;
 use self::notice::Notice;
 pub(crate) use self::scope::Level;
 use crate::backend::Backend;
