@@ -1,5 +1,6 @@
 //! Lease safety on real Redis: losing a lock from outside, a stalled holder, the
-//! watchdog's cap, and fenced writes from a holder that woke up late.
+//! watchdog's cap, fenced writes from a holder that woke up late, and a grant
+//! answered too late to hold anything.
 
 use std::time::Duration;
 
