@@ -295,3 +295,28 @@ async fn a_grant_answered_after_its_lease_could_have_ended_is_asked_for_again() 
         assert_eq!(left, None, "{way}: the late grant was left in Redis");
     }
 }
+
+/// Grants that always come late (here a 2 ms lease, all of it taken by the drift
+/// allowance of 1% + 2 ms) are asked for no more often than a poller asks, until
+/// the acquire times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_that_always_come_late_are_asked_for_at_the_polling_pace() {
+    let redis = RedisServer::start();
+    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let (retry_wait, timeout) = (Duration::from_millis(50), Duration::from_millis(500));
+    let options = LockOptions::new()
+        .lease(Duration::from_millis(2))
+        .retry_wait(retry_wait)
+        .timeout(timeout);
+    let before = redis.lock_calls();
+    let result = client.acquire("tick", &options).await;
+    assert!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "{result:?}"
+    );
+    client.shutdown().await;
+    // An acquire and a withdrawal each time.
+    let calls = redis.lock_calls() - before;
+    let polls = (timeout.as_millis() / retry_wait.as_millis()) as u64 + 2;
+    assert!(calls <= 3 * polls, "{calls} lock requests in {timeout:?}");
+}

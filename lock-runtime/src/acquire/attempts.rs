@@ -71,7 +71,8 @@ pub(super) async fn until_granted(
             // Answered after the lease it asked for could have run out: nothing is
             // known held. What Redis may still keep under the token is given back
             // (dropping the place withdraws it), and the next attempt asks under a
-            // new token at once.
+            // new token after a pause, so that a Redis slower than the lease is asked
+            // no more often than a poller asks.
             Attempt::Granted { .. } => {
                 telemetry::granted_late(name.key());
                 if place.take().is_none() {
@@ -84,6 +85,10 @@ pub(super) async fn until_granted(
                     return Err(timeout(&name, attempts, started));
                 }
                 retries_left = retries_left.map(|left| left - 1);
+                let pause = plan
+                    .retry_wait
+                    .min(deadline.saturating_duration_since(Instant::now()));
+                tokio::time::sleep(pause).await;
                 continue;
             }
             Attempt::Busy { retry_in, .. } => (retry_in, None),
