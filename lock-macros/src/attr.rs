@@ -38,6 +38,8 @@ const OPTIONS: &str = "`prefix`, `keys`, `spin`, `retries`, `wait_ms`, `timeout_
 
 /// Redis rejects longer expiry times; the runtime's `MAX_LEASE`.
 const MAX_LEASE_MS: u64 = 1 << 52;
+/// The drift allowance uses up shorter leases; the runtime's `MIN_LEASE`.
+const MIN_LEASE_MS: u64 = 3;
 
 /// The lease without `expire_ms`; the runtime's `WATCHDOG_LEASE`.
 pub(crate) const WATCHDOG_LEASE_MS: u64 = 30_000;
@@ -140,7 +142,7 @@ impl Parse for Options {
             } else if lookahead.peek(kw::timeout_ms) {
                 set::<kw::timeout_ms, _>(input, &mut options.timeout_ms, millis)?;
             } else if lookahead.peek(kw::expire_ms) {
-                set::<kw::expire_ms, _>(input, &mut options.expire_ms, lease_millis)?;
+                set::<kw::expire_ms, _>(input, &mut options.expire_ms, expire_millis)?;
             } else if lookahead.peek(kw::max_hold_ms) {
                 set::<kw::max_hold_ms, _>(input, &mut options.max_hold_ms, millis)?;
             } else if lookahead.peek(kw::hold_at_least_ms) {
@@ -444,6 +446,20 @@ fn lease_millis(name: &str, expr: &Expr) -> syn::Result<u64> {
     Ok(millis)
 }
 
+fn expire_millis(name: &str, expr: &Expr) -> syn::Result<u64> {
+    let lit = integer(name, expr, 30_000)?;
+    match lit.base10_parse::<u64>() {
+        Ok(millis) if millis < MIN_LEASE_MS => Err(syn::Error::new_spanned(
+            lit,
+            format!(
+                "`{name}` must be at least {MIN_LEASE_MS} ms: the allowance for clock drift \
+                 (1% + 2 ms) uses up a shorter lease, so it could never be held"
+            ),
+        )),
+        _ => lease_millis(name, expr),
+    }
+}
+
 fn guard(name: &str, expr: &Expr) -> syn::Result<Ident> {
     // Parsing as `Ident` also refuses keywords such as `self`.
     syn::parse2(expr.to_token_stream()).map_err(|_| {
@@ -500,7 +516,7 @@ fn on_lost(name: &str, expr: &Expr) -> syn::Result<OnLost> {
 
 #[cfg(test)]
 mod tests {
-    use super::{MAX_LEASE_MS, WATCHDOG_LEASE_MS};
+    use super::{MAX_LEASE_MS, MIN_LEASE_MS, WATCHDOG_LEASE_MS};
 
     #[test]
     fn the_leases_checked_here_are_the_runtime_s() {
@@ -511,6 +527,10 @@ mod tests {
         assert_eq!(
             u128::from(MAX_LEASE_MS),
             lock_runtime::MAX_LEASE.as_millis()
+        );
+        assert_eq!(
+            u128::from(MIN_LEASE_MS),
+            lock_runtime::MIN_LEASE.as_millis()
         );
     }
 }

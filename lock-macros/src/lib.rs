@@ -191,9 +191,9 @@ use syn::ItemFn;
 ///
 /// ## `expire_ms = n`
 ///
-/// A fixed lease in milliseconds: the lock frees itself this long after it was taken,
-/// and the watchdog is off unless `watchdog = true`. Without it, the lease is 30 s and
-/// the watchdog renews it every 10 s while the body runs.
+/// A fixed lease in milliseconds, at least 3: the lock frees itself this long after it
+/// was taken, and the watchdog is off unless `watchdog = true`. Without it, the lease
+/// is 30 s and the watchdog renews it every 10 s while the body runs.
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};

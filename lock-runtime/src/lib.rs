@@ -84,7 +84,7 @@ pub use crate::hold::LockGuard;
 pub use crate::inspect::{Holder, LockInspector, LockKind, LockState, Waiter};
 pub use crate::key::{LockKey, MAX_KEY_LEN};
 pub use crate::options::{
-    DEFAULT_RETRIES, DEFAULT_RETRY_WAIT, LockOptions, MAX_LEASE, WATCHDOG_LEASE,
+    DEFAULT_RETRIES, DEFAULT_RETRY_WAIT, LockOptions, MAX_LEASE, MIN_LEASE, WATCHDOG_LEASE,
 };
 pub use lock_macros::distributed_lock;
 /// The redis-rs this crate is built on, so that a [`redis::Client`] or

@@ -11,6 +11,9 @@ pub const DEFAULT_RETRIES: u32 = 20;
 pub const DEFAULT_RETRY_WAIT: Duration = Duration::from_millis(50);
 /// The longest lease accepted: Redis rejects expiry times past `i64::MAX` ms.
 pub const MAX_LEASE: Duration = Duration::from_millis(1 << 52);
+/// The shortest lease accepted: a shorter one is used up whole by the allowance for
+/// clock drift (1% + 2 ms), so it could never be held.
+pub const MIN_LEASE: Duration = Duration::from_millis(3);
 
 /// How far a client hands a lock from task to task without Redis: at most `most`
 /// hand-offs, within `within` of the Redis acquisition.
@@ -79,8 +82,9 @@ impl LockOptions {
         Self::default()
     }
 
-    /// A fixed lease. The lock frees itself this long after it was taken unless
-    /// extended; the watchdog is off unless `watchdog(true)` is also set.
+    /// A fixed lease, from [`MIN_LEASE`] to [`MAX_LEASE`]. The lock frees itself this
+    /// long after it was taken unless extended; the watchdog is off unless
+    /// `watchdog(true)` is also set.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
@@ -197,8 +201,11 @@ impl LockOptions {
             reason: reason.to_owned(),
         };
         let lease = self.lease.unwrap_or(WATCHDOG_LEASE);
-        if lease < Duration::from_millis(1) {
-            return Err(invalid("the lease must be at least 1 ms"));
+        if lease < MIN_LEASE {
+            return Err(invalid(&format!(
+                "the lease must be at least {} ms: the allowance for clock drift (1% + 2 ms) uses up a shorter one",
+                MIN_LEASE.as_millis()
+            )));
         }
         if lease > MAX_LEASE {
             return Err(invalid(
@@ -423,9 +430,18 @@ mod tests {
     }
 
     #[test]
+    fn the_shortest_lease_is_the_first_the_drift_allowance_leaves_time_in() {
+        assert!(clock_drift(MIN_LEASE) < MIN_LEASE);
+        let shorter = MIN_LEASE - Duration::from_millis(1);
+        assert!(clock_drift(shorter) >= shorter);
+    }
+
+    #[test]
     fn contradictions_and_ranges_are_rejected() {
-        assert!(reason(LockOptions::new().lease(Duration::ZERO)).contains("at least 1 ms"));
-        assert!(reason(LockOptions::new().lease(Duration::from_micros(999))).contains("1 ms"));
+        assert!(reason(LockOptions::new().lease(Duration::ZERO)).contains("at least 3 ms"));
+        let used_up = LockOptions::new().lease(MIN_LEASE - Duration::from_micros(1));
+        assert!(reason(used_up).contains("clock drift"));
+        assert!(LockOptions::new().lease(MIN_LEASE).plan("k").is_ok());
         assert!(reason(LockOptions::new().lease(Duration::MAX)).contains("longer than Redis"));
         assert!(reason(LockOptions::new().spin(false).retries(3)).contains("spin(false)"));
         assert!(

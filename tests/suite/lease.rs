@@ -296,16 +296,18 @@ async fn a_grant_answered_after_its_lease_could_have_ended_is_asked_for_again() 
     }
 }
 
-/// Grants that always come late (here a 2 ms lease, all of it taken by the drift
-/// allowance of 1% + 2 ms) are asked for no more often than a poller asks, until
-/// the acquire times out.
+/// Grants that always come late (here the shortest lease, 3 ms, of which the drift
+/// allowance leaves 0.97 ms, behind a link that passes answers on 5 ms late) are
+/// asked for no more often than a poller asks, until the acquire times out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_that_always_come_late_are_asked_for_at_the_polling_pace() {
     let redis = RedisServer::start();
-    let client = LockClient::connect(&redis.url()).await.unwrap();
+    let proxy = TcpProxy::start(redis.port()).await;
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    proxy.delay_answers(Duration::from_millis(5));
     let (retry_wait, timeout) = (Duration::from_millis(50), Duration::from_millis(500));
     let options = LockOptions::new()
-        .lease(Duration::from_millis(2))
+        .lease(lock_runtime::MIN_LEASE)
         .retry_wait(retry_wait)
         .timeout(timeout);
     let before = redis.lock_calls();

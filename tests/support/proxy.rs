@@ -1,8 +1,11 @@
+use std::time::Duration;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// A loopback TCP proxy in front of a server, to stall or cut the connections of
 /// the clients that go through it.
@@ -20,6 +23,8 @@ struct Flow {
     answers_stalled: bool,
     /// Answers are stalled as soon as a request holding these bytes goes through.
     stall_answers_after: Option<&'static [u8]>,
+    /// How long each read from the server is held back before it is passed on.
+    answer_delay: Duration,
     /// How many times every open connection was cut; a connection made after the
     /// n-th cut survives until the next.
     cuts: u64,
@@ -50,14 +55,19 @@ impl TcpProxy {
                     found
                 });
             };
-            tokio::spawn(pipe(to_server, flows.subscribe(), seen, |flow| {
-                flow.stalled
-            }));
+            tokio::spawn(pipe(
+                to_server,
+                flows.subscribe(),
+                seen,
+                |flow| flow.stalled,
+                |_| Duration::ZERO,
+            ));
             tokio::spawn(pipe(
                 to_client,
                 flows.subscribe(),
                 |_| {},
                 |flow| flow.stalled || flow.answers_stalled,
+                |flow| flow.answer_delay,
             ));
         });
         TcpProxy {
@@ -91,7 +101,13 @@ impl TcpProxy {
             .send_modify(|flow| flow.stall_answers_after = Some(request_part.as_bytes()));
     }
 
-    /// Ends every stall; cut and silenced connections stay so.
+    /// Passes every answer on `delay` after it came, as over a slow link, until
+    /// [`resume`](Self::resume).
+    pub fn delay_answers(&self, delay: Duration) {
+        self.state.send_modify(|flow| flow.answer_delay = delay);
+    }
+
+    /// Ends every stall and delay; cut and silenced connections stay so.
     pub fn resume(&self) {
         self.state.send_modify(|flow| {
             *flow = Flow {
@@ -146,12 +162,14 @@ pub(crate) fn relay(
     })
 }
 
-/// Forwards what `from` reads to `to`, showing each read to `seen` first.
+/// Forwards what `from` reads to `to`, showing each read to `seen` first, and
+/// passing it on `delay` after it came.
 async fn pipe(
     (mut from, mut to): Direction,
     mut flow: watch::Receiver<Flow>,
     seen: impl Fn(&[u8]),
     held_back: impl Fn(Flow) -> bool,
+    delay: impl Fn(Flow) -> Duration,
 ) {
     let born = *flow.borrow_and_update();
     let is_cut = |state: Flow| state.cuts > born.cuts;
@@ -168,6 +186,7 @@ async fn pipe(
             }
         };
         let Ok(n @ 1..) = read else { return };
+        let due = Instant::now() + delay(*flow.borrow());
         seen(&buffer[..n]);
         loop {
             let state = *flow.borrow_and_update();
@@ -181,6 +200,7 @@ async fn pipe(
                 return;
             }
         }
+        tokio::time::sleep_until(due).await;
         if to.write_all(&buffer[..n]).await.is_err() {
             return;
         }

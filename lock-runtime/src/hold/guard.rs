@@ -11,7 +11,7 @@ use super::acquisition::Ending;
 use super::{Hold, scope};
 use crate::LockError;
 use crate::backend::Released;
-use crate::options::MAX_LEASE;
+use crate::options::{MAX_LEASE, MIN_LEASE};
 
 /// A held lock. Release it with [`release`](Self::release); dropping it releases in
 /// the background instead, on the runtime it was acquired on.
@@ -175,10 +175,13 @@ impl LockGuard {
     /// guard, extends every key, together, and returns the first key's error, if
     /// any, once all have answered.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
-        if lease < Duration::from_millis(1) || lease > MAX_LEASE {
+        if lease < MIN_LEASE || lease > MAX_LEASE {
             return Err(LockError::InvalidOptions {
                 key: self.key().to_owned(),
-                reason: "the lease must be from 1 ms to 2^52 ms".to_owned(),
+                reason: format!(
+                    "the lease must be from {} ms to 2^52 ms",
+                    MIN_LEASE.as_millis()
+                ),
             });
         }
         first_error(self.parts().map(|part| part.extend_one(lease))).await
