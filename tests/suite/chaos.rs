@@ -44,7 +44,9 @@ const SLOW_KEY: &str = "{chaos}:slow";
 const SLOW_HOLD: Duration = Duration::from_millis(400);
 const WORKERS: usize = 4;
 const TASKS_PER_KEY: usize = 2;
-/// Longer than the workers' 300 ms lease, so a paused holder loses its lock.
+/// The workers' lease: how long after a fault a holder may still learn it lost.
+const LEASE: Duration = Duration::from_millis(300);
+/// Longer than the workers' lease, so a paused holder loses its lock.
 const FAULT: Duration = Duration::from_millis(600);
 /// How long grants exist on the primary alone before it is killed.
 const UNREPLICATED: Duration = Duration::from_millis(300);
@@ -281,9 +283,10 @@ enum Fault {
     FailOver,
 }
 
-/// A fault as injected: when it began and ended.
+/// A fault as injected: when it began and ended, and the worker it hit, if it hit one.
 struct Injected {
     fault: Fault,
+    worker: Option<usize>,
     from: SystemTime,
     until: SystemTime,
 }
@@ -414,7 +417,7 @@ async fn run(mut servers: Servers, default_target: usize) {
         let fault = kinds[injected.len() % kinds.len()];
         let victim = injected.len() % workers.len();
         let from = SystemTime::now();
-        match fault {
+        let worker = match fault {
             Fault::PauseWorker => {
                 let slow_holder = *reports.slow_holder.lock().unwrap();
                 let victim = slow_holder
@@ -423,15 +426,26 @@ async fn run(mut servers: Servers, default_target: usize) {
                 workers[victim].signal("-STOP");
                 tokio::time::sleep(FAULT).await;
                 workers[victim].signal("-CONT");
+                Some(workers[victim].number)
             }
             Fault::RestartWorker => {
+                let replaced = workers[victim].number;
                 workers[victim] = Worker::start(next_worker, &topology, &reports);
                 next_worker += 1;
+                Some(replaced)
             }
-            fault => block_in_place(|| servers.inject(fault)),
-        }
+            fault => {
+                block_in_place(|| servers.inject(fault));
+                None
+            }
+        };
         let until = SystemTime::now();
-        injected.push(Injected { fault, from, until });
+        injected.push(Injected {
+            fault,
+            worker,
+            from,
+            until,
+        });
         if fault == Fault::FailOver {
             // Recovered: every key is held again, by grants the new primary's
             // replica acknowledged.
@@ -510,7 +524,8 @@ fn recovery(sections: &[Section], failures: &[Failure], failover_ended: SystemTi
     let failed = tally(
         failures
             .iter()
-            .filter(|f| f.key == last.key && f.at > failover_ended && f.at <= last.from),
+            .filter(|f| f.key == last.key && f.at > failover_ended && f.at <= last.from)
+            .map(|f| f.what.as_str()),
     );
     format!(
         "{:.1} s ({}: asked {:+.1} s, began {:+.1} s{})",
@@ -524,12 +539,12 @@ fn recovery(sections: &[Section], failures: &[Failure], failover_ended: SystemTi
     )
 }
 
-/// Failed acquisitions counted by what failed, as `timeout 3, IoError 1`; none if
-/// there were none.
-fn tally<'a>(failures: impl Iterator<Item = &'a Failure>) -> Option<String> {
+/// Things counted by what they are, as `timeout 3, IoError 1`; none if there were
+/// none.
+fn tally<'a>(whats: impl Iterator<Item = &'a str>) -> Option<String> {
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for failure in failures {
-        *counts.entry(&failure.what).or_default() += 1;
+    for what in whats {
+        *counts.entry(what).or_default() += 1;
     }
     let counts: Vec<String> = counts
         .iter()
@@ -538,8 +553,24 @@ fn tally<'a>(failures: impl Iterator<Item = &'a Failure>) -> Option<String> {
     (!counts.is_empty()).then(|| counts.join(", "))
 }
 
+/// The last fault that a lost section overlapped, or that ended within a lease before
+/// the section did: what made it lost, as far as timing tells. A fault that hit a
+/// worker counts for that worker's sections only.
+fn cause(section: &Section, injected: &[Injected]) -> Option<Fault> {
+    injected
+        .iter()
+        .rev()
+        .find(|f| {
+            f.worker.is_none_or(|worker| worker == section.worker)
+                && section.from < f.until + LEASE
+                && section.until > f.from
+        })
+        .map(|f| f.fault)
+}
+
 /// The run in a few lines: sections held and lost by worker and key, the faults,
-/// and how long each failover took to recover from.
+/// what each key's lost sections overlapped, and how long each failover took to
+/// recover from.
 fn summary(
     topology: &str,
     sections: &[Section],
@@ -573,7 +604,7 @@ fn summary(
         faults.join(", "),
         took.as_secs_f64()
     );
-    if let Some(failed) = tally(failures.iter()) {
+    if let Some(failed) = tally(failures.iter().map(|f| f.what.as_str())) {
         text.push_str(&format!("\n  acquisitions failed: {failed}"));
     }
     let recoveries: Vec<String> = injected
@@ -608,6 +639,14 @@ fn summary(
             (held + counts.0, lost + counts.1)
         });
         text.push_str(&format!("\n  {key}: {held} held, {lost} lost"));
+        let causes: Vec<String> = sections
+            .iter()
+            .filter(|s| s.key == key && !s.held)
+            .map(|s| cause(s, injected).map_or("no fault".to_owned(), |f| format!("{f:?}")))
+            .collect();
+        if let Some(causes) = tally(causes.iter().map(String::as_str)) {
+            text.push_str(&format!(" ({causes})"));
+        }
         if workers <= 12 {
             text.push_str("; held/lost by worker:");
             for (worker, (held, lost)) in by_worker {
