@@ -7,8 +7,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// A loopback TCP proxy in front of a server, to stall or cut the connections of
-/// the clients that go through it.
+/// A loopback TCP proxy in front of a server, to stall, slow or cut the connections
+/// of the clients that go through it.
 pub struct TcpProxy {
     port: u16,
     state: watch::Sender<Flow>,
