@@ -245,7 +245,9 @@ impl Shared {
     /// connection its caller puts it onto the socket now. Behind answers due, it wakes
     /// the driver, which sends it with every other request queued by the time it runs
     /// in one write, so that Redis reads them in one batch too. Waiting instead for the
-    /// next answers to send it left Redis idle between batches.
+    /// next answers to send it left Redis idle between batches, and so did a driver
+    /// that let the tasks ready to run queue theirs first: a tenth of the writes, but
+    /// 0.63× raw careful's pairs at 64 tasks.
     fn queue(&self, write: impl FnOnce(&mut Vec<u8>), waiter: Waiter) -> RedisResult<()> {
         let mut state = self.lock();
         if let Some((kind, why)) = &state.broken {
