@@ -1,12 +1,15 @@
-//! A worker of the chaos test: tasks that take fenced, watchdog-renewed locks on a
-//! few hot keys until the worker's stdin closes (the test ended, or died), and
-//! print each section as `<key> <token> <asked ns> <from ns> <until ns> <held>`,
-//! times since the Unix epoch, `held` being `is_held()` at the section's end (read
-//! after `until`, so a yes covers it). A key given as `<key>=<ms>` is held that
-//! long in each section, past the lease, so that only the watchdog keeps it; its
-//! sections also print `enter <key>` as they begin. Other keys are held for 1 ms.
-//! An acquisition that fails prints `failed <key> <at ns> <what>`, `what` being the
-//! error's kind in one word.
+//! A worker of the chaos test: tasks that take watchdog-renewed locks on a few hot
+//! keys until the worker's stdin closes (the test ended, or died), and print each
+//! section as `<key> <token> <asked ns> <from ns> <until ns> <held> <kind>`, times
+//! since the Unix epoch, `held` being `is_held()` at the section's end (read after
+//! `until`, so a yes covers it), `kind` being `exclusive`, `shared` or `permit`. A
+//! key given as `<key>=<ms>` is held that long in each section, past the lease, so
+//! that only the watchdog keeps it; its sections also print `enter <key>` as they
+//! begin. Other keys are held for 1 ms. Keys are taken exclusive, with a fencing
+//! token; one ending in `/permits=<n>` is a semaphore of that many permits, and one
+//! ending in `/read-write` is taken shared, but exclusive every fourth section: those
+//! have no token, and print 0. An acquisition that fails prints
+//! `failed <key> <at ns> <what>`, `what` being the error's kind in one word.
 //!
 //! Usage: `chaos-worker <keys,comma,separated> <tasks per key> <topology>`,
 //! the topology being one of `redis <url>`, `cluster <url,url,..>`,
@@ -18,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
 
-const USAGE: &str = "usage: chaos-worker <key[=ms],..> <tasks per key> \
+const USAGE: &str = "usage: chaos-worker <key[=ms][/permits=N|/read-write],..> <tasks per key> \
                      (redis <url> | cluster <urls> | sentinel <urls> <primary name> | redlock <urls>)";
 
 fn nanos_now() -> u128 {
@@ -52,6 +55,42 @@ fn what_failed(error: &LockError) -> String {
         }
     };
     what.split_whitespace().collect::<Vec<_>>().join("_")
+}
+
+/// How a key's sections take it.
+#[derive(Clone, Copy)]
+enum Take {
+    Exclusive,
+    Permits(u32),
+    /// Shared, and exclusive every fourth section.
+    ReadWrite,
+}
+
+impl Take {
+    fn from(kind: &str) -> Take {
+        match kind {
+            "exclusive" => Take::Exclusive,
+            "read-write" => Take::ReadWrite,
+            permits => Take::Permits(
+                permits
+                    .strip_prefix("permits=")
+                    .and_then(|permits| permits.parse().ok())
+                    .unwrap_or_else(|| panic!("{permits:?}: a kind is permits=<n> or read-write")),
+            ),
+        }
+    }
+
+    /// The options of the `number`th section, from the exclusive and fenced
+    /// `options`, and what it holds.
+    fn section(self, options: &LockOptions, number: u64) -> (LockOptions, &'static str) {
+        let family = || options.clone().fencing(false);
+        match self {
+            Take::Exclusive => (options.clone(), "exclusive"),
+            Take::Permits(permits) => (family().permits(permits), "permit"),
+            Take::ReadWrite if number % 4 == 3 => (family(), "exclusive"),
+            Take::ReadWrite => (family().shared(true), "shared"),
+        }
+    }
 }
 
 async fn connect(topology: &[String], config: ClientConfig) -> Result<LockClient, LockError> {
@@ -104,14 +143,17 @@ async fn main() {
         .timeout(Duration::from_secs(2));
     let mut workers = tokio::task::JoinSet::new();
     for key in keys.split(',') {
+        let (key, kind) = key.split_once('/').unwrap_or((key, "exclusive"));
         let (key, hold) = match key.split_once('=') {
             Some((key, ms)) => (key, Some(Duration::from_millis(ms.parse().expect("ms")))),
             None => (key, None),
         };
+        let take = Take::from(kind);
         for _ in 0..tasks {
             let (client, options, key) = (client.clone(), options.clone(), key.to_owned());
             workers.spawn(async move {
-                loop {
+                for section in 0.. {
+                    let (options, kind) = take.section(&options, section);
                     let asked = nanos_now();
                     let guard = match client.acquire(&key, &options).await {
                         Ok(guard) => guard,
@@ -128,9 +170,11 @@ async fn main() {
                     tokio::time::sleep(hold.unwrap_or(Duration::from_millis(1))).await;
                     let until = nanos_now();
                     let held = guard.is_held();
-                    let token = guard.fencing_token().expect("fencing was asked for");
+                    let token = guard.fencing_token().unwrap_or(0);
                     let _ = guard.release().await;
-                    say(&format!("{key} {token} {asked} {from} {until} {held}\n"));
+                    say(&format!(
+                        "{key} {token} {asked} {from} {until} {held} {kind}\n"
+                    ));
                 }
             });
         }

@@ -3,7 +3,9 @@
 //! held at their end overlap; per key, no token is issued twice and a section that
 //! ended before another asked for the lock has the smaller token, lost sections
 //! included; the faults did make holders lose sections; and every key makes
-//! progress once the faults stop.
+//! progress once the faults stop. On one Redis the workers also take a semaphore of
+//! two permits and a read-write lock: of the sections held to their end, never more
+//! than two hold a permit at once, and an exclusive one overlaps no other of its key.
 //!
 //! It runs on every topology that crosses processes: one Redis, a 3+3 Cluster, a
 //! Sentinel group and Redlock over 5 masters (the memory store lives in one process,
@@ -42,6 +44,14 @@ const FAST_KEYS: [&str; 2] = ["{chaos}:a", "{chaos}:b"];
 /// watchdog keeps it, and a fault that stops renewals loses it.
 const SLOW_KEY: &str = "{chaos}:slow";
 const SLOW_HOLD: Duration = Duration::from_millis(400);
+/// A semaphore of `PERMITS`, held for `SLOW_HOLD` like the slow key.
+const PERMITS_KEY: &str = "{chaos}:permits";
+const PERMITS: usize = 2;
+/// Taken shared, and exclusive every fourth section, for `READ_WRITE_HOLD` each: long
+/// enough that a paused worker is often inside, and that its sections, readers
+/// sharing it, do not outnumber the fast keys' and so end the faults early.
+const READ_WRITE_KEY: &str = "{chaos}:rw";
+const READ_WRITE_HOLD: Duration = Duration::from_millis(100);
 const WORKERS: usize = 4;
 const TASKS_PER_KEY: usize = 2;
 /// The workers' lease: how long after a fault a holder may still learn it lost.
@@ -55,8 +65,20 @@ const UNREPLICATED: Duration = Duration::from_millis(300);
 /// for benchmarks; the run only has to keep going.
 const STALL: Duration = Duration::from_secs(60);
 
-fn keys() -> impl Iterator<Item = &'static str> {
+/// The keys taken exclusive, with fencing tokens.
+fn fenced_keys() -> impl Iterator<Item = &'static str> {
     FAST_KEYS.into_iter().chain([SLOW_KEY])
+}
+
+/// How a worker is told to take `key`.
+fn worker_spec(key: &str) -> String {
+    let hold = SLOW_HOLD.as_millis();
+    match key {
+        SLOW_KEY => format!("{key}={hold}"),
+        PERMITS_KEY => format!("{key}={hold}/permits={PERMITS}"),
+        READ_WRITE_KEY => format!("{key}={}/read-write", READ_WRITE_HOLD.as_millis()),
+        key => key.to_owned(),
+    }
 }
 
 /// One critical section as its worker reported it.
@@ -69,6 +91,8 @@ struct Section {
     from: SystemTime,
     until: SystemTime,
     held: bool,
+    /// `exclusive`, `shared` or `permit`.
+    kind: String,
 }
 
 /// An acquisition that failed, as its worker reported it.
@@ -79,10 +103,11 @@ struct Failure {
     what: String,
 }
 
-/// What the workers reported: their sections, their failed acquisitions, and who is
-/// inside the slow key.
+/// What the workers reported on `keys`: their sections, their failed acquisitions,
+/// and who is inside the slow key.
 #[derive(Default)]
 struct Reports {
+    keys: Vec<&'static str>,
     sections: Mutex<Vec<Section>>,
     failures: Mutex<Vec<Failure>>,
     slow_holder: Mutex<Option<usize>>,
@@ -98,7 +123,7 @@ impl Reports {
     fn stalled_key(&self, started: SystemTime) -> Option<&'static str> {
         let sections = self.sections.lock().unwrap();
         let now = SystemTime::now();
-        keys().find(|key| {
+        self.keys.iter().copied().find(|key| {
             let held = sections.iter().filter(|s| s.key == *key && s.held);
             let last_held = held.map(|s| s.until).max().unwrap_or(started);
             now.duration_since(last_held)
@@ -112,7 +137,7 @@ impl Reports {
             return;
         };
         let sections = self.sections.lock().unwrap().clone();
-        let by_key: Vec<String> = keys()
+        let by_key: Vec<String> = (self.keys.iter().copied())
             .map(|key| {
                 let of_key = sections.iter().filter(|s| s.key == key);
                 let held = of_key.clone().filter(|s| s.held).count();
@@ -128,7 +153,7 @@ impl Reports {
     /// Whether every key has a section held to its end that began after `after`.
     fn every_key_held_since(&self, after: SystemTime, at_least: impl Fn(&str) -> usize) -> bool {
         let sections = self.sections.lock().unwrap();
-        keys().all(|key| {
+        self.keys.iter().copied().all(|key| {
             let held = sections
                 .iter()
                 .filter(|s| s.key == key && s.held && s.from > after);
@@ -144,13 +169,9 @@ struct Worker {
 
 impl Worker {
     fn start(number: usize, topology: &[String], reports: &Arc<Reports>) -> Worker {
-        let keys = format!(
-            "{},{SLOW_KEY}={}",
-            FAST_KEYS.join(","),
-            SLOW_HOLD.as_millis()
-        );
+        let keys: Vec<String> = reports.keys.iter().map(|key| worker_spec(key)).collect();
         let mut child = Command::new(env!("CARGO_BIN_EXE_chaos-worker"))
-            .args([keys, TASKS_PER_KEY.to_string()])
+            .args([keys.join(","), TASKS_PER_KEY.to_string()])
             .args(topology)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -160,8 +181,10 @@ impl Worker {
         let reports = reports.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.starts_with("enter ") {
-                    *reports.slow_holder.lock().unwrap() = Some(number);
+                if let Some(key) = line.strip_prefix("enter ") {
+                    if key == SLOW_KEY {
+                        *reports.slow_holder.lock().unwrap() = Some(number);
+                    }
                     continue;
                 }
                 if let Some(failure) = line.strip_prefix("failed ") {
@@ -220,7 +243,7 @@ fn parse_failure(line: &str) -> Failure {
 
 fn parse(worker: usize, line: &str) -> Section {
     let fields: Vec<&str> = line.split(' ').collect();
-    let [key, token, asked, from, until, held] = fields[..] else {
+    let [key, token, asked, from, until, held, kind] = fields[..] else {
         panic!("a chaos worker said {line:?}");
     };
     Section {
@@ -231,6 +254,7 @@ fn parse(worker: usize, line: &str) -> Section {
         from: time(from),
         until: time(until),
         held: held == "true",
+        kind: kind.to_owned(),
     }
 }
 
@@ -238,7 +262,7 @@ fn parse(worker: usize, line: &str) -> Section {
 /// sections that ended before it asked for the lock, whether they kept their
 /// lease or not.
 fn check_token_order(sections: &[Section]) {
-    for key in keys() {
+    for key in fenced_keys() {
         let mut by_end: Vec<&Section> = sections.iter().filter(|s| s.key == key).collect();
         by_end.sort_by_key(|section| section.until);
         let mut by_ask = by_end.clone();
@@ -272,6 +296,44 @@ fn check_token_order(sections: &[Section]) {
             }
         }
     }
+}
+
+/// Of the sections held to their end: never more than `PERMITS` inside the
+/// semaphore at once, and on the read-write lock no exclusive section beside another.
+/// Fails too unless each key did hold two sections at once somewhere in the run.
+/// Returns the most each held at once.
+fn check_family(sections: &[Section]) -> String {
+    let mut most = Vec::new();
+    for key in [PERMITS_KEY, READ_WRITE_KEY] {
+        let held = sections
+            .iter()
+            .filter(|s| s.key == key && s.held && s.from < s.until);
+        // Ends before beginnings at the same instant: sections that touch do not overlap.
+        let mut events: Vec<(SystemTime, bool, &Section)> = held
+            .flat_map(|s| [(s.from, true, s), (s.until, false, s)])
+            .collect();
+        events.sort_by_key(|&(at, begins, _)| (at, begins));
+        let mut inside: Vec<&Section> = Vec::new();
+        let mut most_together = 0;
+        for (_, begins, section) in events {
+            if !begins {
+                inside.retain(|other| !std::ptr::eq(*other, section));
+                continue;
+            }
+            inside.push(section);
+            let exclusive = inside.iter().any(|s| s.kind == "exclusive");
+            if (key == PERMITS_KEY && inside.len() > PERMITS) || (exclusive && inside.len() > 1) {
+                panic!("`{key}`: held at once by {inside:#?}");
+            }
+            most_together = most_together.max(inside.len());
+        }
+        assert!(
+            most_together >= 2,
+            "`{key}`: no two sections were held at once, so the run proves little"
+        );
+        most.push(format!("{key} {most_together}"));
+    }
+    format!("most held at once: {}", most.join(", "))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -319,6 +381,16 @@ impl Servers {
             ],
             Servers::Redlock(masters) => vec!["redlock".into(), list(masters)],
         }
+    }
+
+    /// The keys the workers take: on one Redis, the semaphore and the read-write lock
+    /// as well.
+    fn keys(&self) -> Vec<&'static str> {
+        let mut keys: Vec<&'static str> = fenced_keys().collect();
+        if let Servers::Redis(_) = self {
+            keys.extend([PERMITS_KEY, READ_WRITE_KEY]);
+        }
+        keys
     }
 
     /// The kinds of fault injected in turn, and how many rounds of them at least.
@@ -403,7 +475,10 @@ async fn run(mut servers: Servers, default_target: usize) {
         .unwrap_or(default_target);
     let started = SystemTime::now();
     let topology = servers.worker_args();
-    let reports = Arc::new(Reports::default());
+    let reports = Arc::new(Reports {
+        keys: servers.keys(),
+        ..Reports::default()
+    });
     let mut workers: Vec<Worker> = (0..WORKERS)
         .map(|number| Worker::start(number, &topology, &reports))
         .collect();
@@ -463,7 +538,10 @@ async fn run(mut servers: Servers, default_target: usize) {
     let calm_from = SystemTime::now();
 
     // Progress: every key is held again, in sections that began after the faults.
-    let at_least = |key: &str| if key == SLOW_KEY { 3 } else { 20 };
+    let at_least = |key: &str| match key {
+        SLOW_KEY | PERMITS_KEY => 3,
+        _ => 20,
+    };
     while reports.count() < target || !reports.every_key_held_since(calm_from, at_least) {
         reports.assert_progress(started, "after the faults");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -473,7 +551,12 @@ async fn run(mut servers: Servers, default_target: usize) {
     let sections = reports.sections.lock().unwrap().clone();
     let failures = reports.failures.lock().unwrap().clone();
     let history = History::new();
-    for section in sections.iter().filter(|section| section.held) {
+    let fenced = |section: &&Section| fenced_keys().any(|key| key == section.key);
+    for section in sections
+        .iter()
+        .filter(|section| section.held)
+        .filter(fenced)
+    {
         history.record(Holding {
             holder: format!("worker {}", section.worker),
             key: section.key.clone(),
@@ -482,21 +565,29 @@ async fn run(mut servers: Servers, default_target: usize) {
             fence: Some(section.token),
         });
     }
-    let held = history
+    history
         .check()
         .unwrap_or_else(|violation| panic!("{violation}"));
     check_token_order(&sections);
-    let lost = sections.len() - held;
+    let family = reports
+        .keys
+        .contains(&PERMITS_KEY)
+        .then(|| check_family(&sections));
+    let lost = sections.iter().filter(|section| !section.held).count();
     eprintln!(
         "{}",
         summary(
             &topology[0],
+            &reports.keys,
             &sections,
             &failures,
             &injected,
             started.elapsed().unwrap_or_default()
         )
     );
+    if let Some(family) = family {
+        eprintln!("  {family}");
+    }
     assert!(sections.len() >= target);
     assert!(
         lost > 0,
@@ -507,7 +598,12 @@ async fn run(mut servers: Servers, default_target: usize) {
 /// How long after a failover ended every key had a section, begun since, held to its
 /// end, and the last key to have one: when it was asked for, when it began, and the
 /// acquisitions of that key that failed in between.
-fn recovery(sections: &[Section], failures: &[Failure], failover_ended: SystemTime) -> String {
+fn recovery(
+    keys: &[&str],
+    sections: &[Section],
+    failures: &[Failure],
+    failover_ended: SystemTime,
+) -> String {
     let since = |at: SystemTime| match at.duration_since(failover_ended) {
         Ok(after) => after.as_secs_f64(),
         Err(before) => -before.duration().as_secs_f64(),
@@ -518,7 +614,11 @@ fn recovery(sections: &[Section], failures: &[Failure], failover_ended: SystemTi
             .filter(|s| s.key == key && s.held && s.from > failover_ended)
             .min_by_key(|s| s.until)
     };
-    let Some(last) = keys().filter_map(first_held).max_by_key(|s| s.until) else {
+    let Some(last) = keys
+        .iter()
+        .filter_map(|key| first_held(key))
+        .max_by_key(|s| s.until)
+    else {
         return "(not held again)".to_owned();
     };
     let failed = tally(
@@ -573,6 +673,7 @@ fn cause(section: &Section, injected: &[Injected]) -> Option<Fault> {
 /// recover from.
 fn summary(
     topology: &str,
+    keys: &[&str],
     sections: &[Section],
     failures: &[Failure],
     injected: &[Injected],
@@ -610,7 +711,7 @@ fn summary(
     let recoveries: Vec<String> = injected
         .iter()
         .filter(|f| f.fault == Fault::FailOver)
-        .map(|failover| recovery(sections, failures, failover.until))
+        .map(|failover| recovery(keys, sections, failures, failover.until))
         .collect();
     if !recoveries.is_empty() {
         text.push_str(&format!(
@@ -625,7 +726,7 @@ fn summary(
         .map(|s| s.worker)
         .max()
         .map_or(0, |last| last + 1);
-    for key in keys() {
+    for &key in keys {
         let mut by_worker: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
         for section in sections.iter().filter(|s| s.key == key) {
             let counts = by_worker.entry(section.worker).or_default();
