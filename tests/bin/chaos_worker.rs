@@ -3,9 +3,9 @@
 //! section as `<key> <token> <asked ns> <from ns> <until ns> <held> <kind>`, times
 //! since the Unix epoch, `held` being `is_held()` at the section's end (read after
 //! `until`, so a yes covers it), `kind` being `exclusive`, `shared` or `permit`. A
-//! key given as `<key>=<ms>` is held that long in each section, past the lease, so
-//! that only the watchdog keeps it; its sections also print `enter <key>` as they
-//! begin. Other keys are held for 1 ms. Keys are taken exclusive, with a fencing
+//! key given as `<key>=<ms>` is held that long in each section (past the lease for
+//! one that only the watchdog should keep); its sections also print `enter <key>` as
+//! they begin. Other keys are held for 1 ms. Keys are taken exclusive, with a fencing
 //! token; one ending in `/permits=<n>` is a semaphore of that many permits, and one
 //! ending in `/read-write` is taken shared, but exclusive every fourth section: those
 //! have no token, and print 0. An acquisition that fails prints
@@ -67,7 +67,7 @@ enum Take {
 }
 
 impl Take {
-    fn from(kind: &str) -> Take {
+    fn parse(kind: &str) -> Take {
         match kind {
             "exclusive" => Take::Exclusive,
             "read-write" => Take::ReadWrite,
@@ -148,7 +148,7 @@ async fn main() {
             Some((key, ms)) => (key, Some(Duration::from_millis(ms.parse().expect("ms")))),
             None => (key, None),
         };
-        let take = Take::from(kind);
+        let take = Take::parse(kind);
         for _ in 0..tasks {
             let (client, options, key) = (client.clone(), options.clone(), key.to_owned());
             workers.spawn(async move {

@@ -137,7 +137,10 @@ impl Reports {
             return;
         };
         let sections = self.sections.lock().unwrap().clone();
-        let by_key: Vec<String> = (self.keys.iter().copied())
+        let by_key: Vec<String> = self
+            .keys
+            .iter()
+            .copied()
             .map(|key| {
                 let of_key = sections.iter().filter(|s| s.key == key);
                 let held = of_key.clone().filter(|s| s.held).count();
