@@ -3,9 +3,10 @@
 //! held at their end overlap; per key, no token is issued twice and a section that
 //! ended before another asked for the lock has the smaller token, lost sections
 //! included; the faults did make holders lose sections; and every key makes
-//! progress once the faults stop. On one Redis the workers also take a semaphore of
-//! two permits and a read-write lock: of the sections held to their end, never more
-//! than two hold a permit at once, and an exclusive one overlaps no other of its key.
+//! progress once the faults stop. The workers also take a read-write lock and, but on
+//! Redlock (which refuses semaphores), a semaphore of two permits: of the sections
+//! held to their end, never more than two hold a permit at once, and an exclusive one
+//! overlaps no other of its key.
 //!
 //! It runs on every topology that crosses processes: one Redis, a 3+3 Cluster, a
 //! Sentinel group and Redlock over 5 masters (the memory store lives in one process,
@@ -301,13 +302,17 @@ fn check_token_order(sections: &[Section]) {
     }
 }
 
-/// Of the sections held to their end: never more than `PERMITS` inside the
-/// semaphore at once, and on the read-write lock no exclusive section beside another.
-/// Fails too unless each key did hold two sections at once somewhere in the run.
+/// Of the sections held to their end on the family's keys among `keys`: never more
+/// than `PERMITS` inside the semaphore at once, and on the read-write lock no
+/// exclusive section beside another. Fails too unless each key did hold two sections
+/// at once somewhere in the run.
 /// Returns the most each held at once.
-fn check_family(sections: &[Section]) -> String {
+fn check_family(keys: &[&str], sections: &[Section]) -> String {
     let mut most = Vec::new();
-    for key in [PERMITS_KEY, READ_WRITE_KEY] {
+    for key in [PERMITS_KEY, READ_WRITE_KEY]
+        .into_iter()
+        .filter(|key| keys.contains(key))
+    {
         let held = sections
             .iter()
             .filter(|s| s.key == key && s.held && s.from < s.until);
@@ -386,12 +391,12 @@ impl Servers {
         }
     }
 
-    /// The keys the workers take: on one Redis, the semaphore and the read-write lock
-    /// as well.
+    /// The keys the workers take: the fenced ones, the read-write lock, and the
+    /// semaphore but on Redlock.
     fn keys(&self) -> Vec<&'static str> {
-        let mut keys: Vec<&'static str> = fenced_keys().collect();
-        if let Servers::Redis(_) = self {
-            keys.extend([PERMITS_KEY, READ_WRITE_KEY]);
+        let mut keys: Vec<&'static str> = fenced_keys().chain([READ_WRITE_KEY]).collect();
+        if !matches!(self, Servers::Redlock(_)) {
+            keys.push(PERMITS_KEY);
         }
         keys
     }
@@ -572,10 +577,7 @@ async fn run(mut servers: Servers, default_target: usize) {
         .check()
         .unwrap_or_else(|violation| panic!("{violation}"));
     check_token_order(&sections);
-    let family = reports
-        .keys
-        .contains(&PERMITS_KEY)
-        .then(|| check_family(&sections));
+    let family = check_family(&reports.keys, &sections);
     let lost = sections.iter().filter(|section| !section.held).count();
     eprintln!(
         "{}",
@@ -588,9 +590,7 @@ async fn run(mut servers: Servers, default_target: usize) {
             started.elapsed().unwrap_or_default()
         )
     );
-    if let Some(family) = family {
-        eprintln!("  {family}");
-    }
+    eprintln!("  {family}");
     assert!(sections.len() >= target);
     assert!(
         lost > 0,
