@@ -1,8 +1,9 @@
 //! Failover, on Sentinel and on Cluster: the primary grants a lock its replica
 //! never receives, dies, and the replica is promoted. A client that counts a grant
 //! only once a replica has it (the default) never believes it holds a lock that
-//! the promoted replica then grants to another client. A client that opts out
-//! with `replicas(0)` does, beside it in the same failover: the fault is real.
+//! the promoted replica then grants to another client, whatever the kind: a lock, a
+//! shared hold, a semaphore's permit. A client that opts out with `replicas(0)`
+//! does, beside it in the same failover: the fault is real.
 
 use std::time::{Duration, SystemTime};
 
@@ -106,10 +107,14 @@ impl Believer {
 
 /// Takes `key` after the failover, retrying while the client finds the new
 /// primary and while its replica catches up.
-async fn acquire_after_failover(client: &LockClient, key: &str) -> (LockGuard, SystemTime) {
+async fn acquire_after_failover(
+    client: &LockClient,
+    key: &str,
+    options: &LockOptions,
+) -> (LockGuard, SystemTime) {
     let started = Instant::now();
     loop {
-        match client.acquire(key, &LockOptions::new()).await {
+        match client.acquire(key, options).await {
             Ok(guard) => return (guard, SystemTime::now()),
             Err(error @ (LockError::Backend { .. } | LockError::Replication { .. })) => {
                 assert!(started.elapsed() < Duration::from_secs(20), "{error}");
@@ -120,9 +125,73 @@ async fn acquire_after_failover(client: &LockClient, key: &str) -> (LockGuard, S
     }
 }
 
+/// How the first client takes a key before the failover, and how the second takes
+/// it after: so that the second holds it alone, and any hold of the first still
+/// believed beside it is one holder too many.
+struct Kind {
+    key: String,
+    before: LockOptions,
+    after: LockOptions,
+    /// How many holds the second takes: a semaphore's every permit.
+    holds_after: usize,
+}
+
+/// A lock, the lock of a read-write pair taken shared, and one of a semaphore's two
+/// permits, on the three `keys` in turn.
+fn kinds([lock, shared, permit]: [String; 3]) -> [Kind; 3] {
+    // A fixed lease, long enough to outlast the failover: nothing but the failover
+    // can end these holds before the second client asks.
+    let held_through = LockOptions::new().lease(Duration::from_secs(60));
+    let exports = held_through.clone().permits(2);
+    [
+        Kind {
+            key: lock,
+            before: held_through.clone(),
+            after: LockOptions::new(),
+            holds_after: 1,
+        },
+        Kind {
+            key: shared,
+            before: held_through.clone().shared(true),
+            after: LockOptions::new(),
+            holds_after: 1,
+        },
+        Kind {
+            key: permit,
+            before: exports.clone(),
+            after: exports,
+            holds_after: 2,
+        },
+    ]
+}
+
+/// The first client's hold on `kind`, taken with the replica cut off: refused for
+/// want of the replica, or granted, and then watched.
+async fn hold_before(client: &LockClient, kind: &Kind) -> Option<Believer> {
+    let asked = Instant::now();
+    match client.acquire(&kind.key, &kind.before).await {
+        Err(LockError::Replication {
+            key: named,
+            acknowledged,
+            required,
+            ..
+        }) => {
+            assert_eq!(named, kind.key);
+            assert_eq!((acknowledged, required), (0, 1));
+            None
+        }
+        Ok(guard) => Some(Believer::watch("first", guard, SystemTime::now())),
+        Err(error) => panic!(
+            "`{}` with the replica cut off, after {:?}: {error}",
+            kind.key,
+            asked.elapsed()
+        ),
+    }
+}
+
 async fn no_two_believed_holders_after_a_failover(
     mut failover: Failover,
-    key: &str,
+    keys: [String; 3],
     control_key: &str,
 ) {
     let first = failover.client(ClientConfig::new()).await;
@@ -145,58 +214,63 @@ async fn no_two_believed_holders_after_a_failover(
         guard.release().await.unwrap();
     }
 
-    // A fixed lease, long enough to outlast the failover: nothing but the failover
-    // can end these holds before the second client asks.
-    let held_through = LockOptions::new().lease(Duration::from_secs(60));
+    let kinds = kinds(keys);
     block_in_place(|| failover.cut_off_replica());
-    let asked = Instant::now();
-    let protected = first.acquire(key, &held_through).await;
-    let protected = match protected {
-        Err(LockError::Replication {
-            key: named,
-            acknowledged,
-            required,
-            ..
-        }) => {
-            assert_eq!(named, key);
-            assert_eq!((acknowledged, required), (0, 1));
-            None
-        }
-        Ok(guard) => Some(Believer::watch("first", guard, SystemTime::now())),
-        Err(error) => panic!(
-            "with the replica cut off, after {:?}: {error}",
-            asked.elapsed()
-        ),
-    };
+    // Asked together, so that their grants wait for the replica in the same rounds.
+    let (lock, shared, permit) = tokio::join!(
+        hold_before(&first, &kinds[0]),
+        hold_before(&first, &kinds[1]),
+        hold_before(&first, &kinds[2])
+    );
+    let protected = [lock, shared, permit];
     let unprotected = opted_out
-        .acquire(control_key, &held_through.clone().spin(false))
+        .acquire(control_key, &kinds[0].before.clone().spin(false))
         .await
         .expect("without replica sync, a grant needs no replica");
     let unprotected = Believer::watch("opted out", unprotected, SystemTime::now());
 
     block_in_place(|| failover.fail_over());
-    let (after, after_from) = acquire_after_failover(&second, key).await;
-    let (control_after, control_from) = acquire_after_failover(&second, control_key).await;
+    let mut after = Vec::new();
+    for kind in &kinds {
+        let mut holds = Vec::new();
+        for _ in 0..kind.holds_after {
+            holds.push(acquire_after_failover(&second, &kind.key, &kind.after).await);
+        }
+        after.push(holds);
+    }
+    let (control_after, control_from) =
+        acquire_after_failover(&second, control_key, &LockOptions::new()).await;
 
     let history = History::new();
     let control = History::new();
-    if let Some(believer) = protected {
+    for believer in protected.into_iter().flatten() {
         history.record(believer.holding().await);
     }
     control.record(unprotected.holding().await);
     let now = SystemTime::now();
-    for (ledger, guard, from) in [
-        (&history, &after, after_from),
-        (&control, &control_after, control_from),
-    ] {
-        ledger.record(Holding {
-            holder: "second".into(),
-            key: guard.key().to_owned(),
+    // The second's holds of a key, all of them together, as one: it holds the key
+    // whole from its last grant.
+    for (kind, holds) in kinds.iter().zip(&after) {
+        let from = holds.iter().map(|(_, from)| *from).max().expect("a hold");
+        let holder = match kind.holds_after {
+            1 => "second".to_owned(),
+            permits => format!("second, with all {permits} permits"),
+        };
+        history.record(Holding {
+            holder,
+            key: kind.key.clone(),
             from,
             until: now,
             fence: None,
         });
     }
+    control.record(Holding {
+        holder: "second".into(),
+        key: control_key.to_owned(),
+        from: control_from,
+        until: now,
+        fence: None,
+    });
     if let Err(violation) = history.check() {
         panic!("two believed holders after the failover: {violation}");
     }
@@ -204,19 +278,18 @@ async fn no_two_believed_holders_after_a_failover(
         control.check().is_err(),
         "the failover lost no unreplicated grant, so this test proves nothing"
     );
-    after.release().await.unwrap();
+    for (guard, _) in after.into_iter().flatten() {
+        guard.release().await.unwrap();
+    }
     control_after.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_never_leaves_two_believed_holders_after_a_failover() {
     let group = SentinelGroup::start(Duration::from_secs(1));
-    no_two_believed_holders_after_a_failover(
-        Failover::Sentinel(Box::new(group)),
-        "payroll",
-        "invoices",
-    )
-    .await;
+    let keys = ["payroll", "readers", "exports"].map(str::to_owned);
+    no_two_believed_holders_after_a_failover(Failover::Sentinel(Box::new(group)), keys, "invoices")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,17 +298,25 @@ async fn cluster_never_leaves_two_believed_holders_after_a_failover() {
     let key = "payroll";
     let slot = cluster.slot_of(key);
     let shard = cluster.shard_for(slot);
-    // The control key on the same primary, so that one failover covers both.
-    let control_key = (0..)
-        .map(|n| format!("invoices-{n}"))
-        .find(|name| cluster.shard_for(cluster.slot_of(name)) == shard)
-        .expect("a name on the same primary");
+    // Every key on the same primary, so that one failover covers them all.
+    let on_the_same_primary = |stem: &str| {
+        (0..)
+            .map(|n| format!("{stem}-{n}"))
+            .find(|name| cluster.shard_for(cluster.slot_of(name)) == shard)
+            .expect("a name on the same primary")
+    };
+    let keys = [
+        key.to_owned(),
+        on_the_same_primary("readers"),
+        on_the_same_primary("exports"),
+    ];
+    let control_key = on_the_same_primary("invoices");
     let failover = Failover::Cluster {
         cluster,
         shard,
         slot,
     };
-    no_two_believed_holders_after_a_failover(failover, key, &control_key).await;
+    no_two_believed_holders_after_a_failover(failover, keys, &control_key).await;
 }
 
 /// The primary dies while grants it made wait for its replica, which is cut off.
