@@ -210,7 +210,7 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
             "Hot key, 16 tasks",
             1,
             16,
-            pick(20, 5),
+            pick(80, 5),
             Contention::HotKey,
         ),
         scenario(
@@ -218,7 +218,7 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
             "Hot key, 256 tasks",
             1,
             256,
-            pick(4, 1),
+            pick(16, 1),
             Contention::HotKey,
         ),
         scenario(
@@ -226,7 +226,7 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
             "Hot key, 1,000 tasks",
             1,
             1_000,
-            1,
+            pick(4, 1),
             Contention::HotKey,
         ),
         scenario(
@@ -234,7 +234,7 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
             "Hot key, 4 processes × 64 tasks",
             4,
             64,
-            pick(4, 1),
+            pick(16, 1),
             Contention::HotKey,
         ),
     ];

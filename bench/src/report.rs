@@ -803,8 +803,8 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
              GET and SET, two round trips) run by one task with no lock, so what a lock \
              adds to a section is its difference from that row. A round also starts its \
              tasks, about 7 allocations each, spread over the sections each task runs \
-             (20 at 16 tasks, 4 at 256, 1 at 1,000): that, not the number of tasks \
-             waiting, is why the allocations a section rise down the rows.\n\n\
+             (tasks × sections each are under the first table): that, not the number of \
+             tasks waiting, is why the allocations a section may rise down the rows.\n\n\
              | Scenario | Implementation | Client CPU | Redis CPU | Thread switches | Allocations | Writes |\n\
              |---|---|--:|--:|--:|--:|--:|"
         );
