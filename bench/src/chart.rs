@@ -63,9 +63,9 @@ pub(crate) fn write(report: &Report, root: &Path) -> Result<Vec<PathBuf>, String
     Ok(vec![throughput_file, waits_file])
 }
 
-/// Each implementation's `value` in each hot-key scenario of one process, by its
-/// number of tasks. Values that are missing or not positive (a log scale cannot
-/// show them) are left out.
+/// Each implementation's `value` in each hot-key burst of one process (`hot-…`, not
+/// the steady rounds), by its number of tasks. Values that are missing or not
+/// positive (a log scale cannot show them) are left out.
 fn lines(
     report: &Report,
     value: impl Fn(&crate::report::ScenarioResult, PeerKind) -> Option<f64>,
@@ -74,7 +74,9 @@ fn lines(
         .results
         .iter()
         .filter(|result| {
-            result.scenario.contention == Contention::HotKey && result.scenario.processes == 1
+            result.scenario.contention == Contention::HotKey
+                && result.scenario.processes == 1
+                && result.scenario.slug.starts_with("hot-")
         })
         .collect();
     PeerKind::ALL

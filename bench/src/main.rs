@@ -41,7 +41,8 @@ usage: lock-bench [--out PATH] [--quick] [--rounds N] [--raw-retry-ms MS] [--onl
                      3 keeping, 5 demo)
   --raw-retry-ms MS  the raw protocol's sleep between tries (default 10)
   --only SLUGS       run only these scenarios: uncontended-1, uncontended-64, hot-16,
-                     hot-256, hot-1000, processes-4x64, keeping (10,000 and 50,000
+                     hot-256, steady-256 (hot-256 in rounds four times as long),
+                     hot-1000, processes-4x64, keeping (10,000 and 50,000
                      locks held by one client), demo (the flash sale in memory,
                      over Redis, with only its locks in Redis, and with its stock
                      in Redis under a local mutex: its serial limit)
@@ -210,12 +211,20 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
             "Hot key, 16 tasks",
             1,
             16,
-            pick(80, 5),
+            pick(20, 5),
             Contention::HotKey,
         ),
         scenario(
             "hot-256",
             "Hot key, 256 tasks",
+            1,
+            256,
+            pick(4, 1),
+            Contention::HotKey,
+        ),
+        scenario(
+            "steady-256",
+            "Hot key, 256 tasks, steady",
             1,
             256,
             pick(16, 1),
@@ -226,7 +235,7 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
             "Hot key, 1,000 tasks",
             1,
             1_000,
-            pick(4, 1),
+            1,
             Contention::HotKey,
         ),
         scenario(
@@ -234,7 +243,7 @@ fn scenarios(options: &Options) -> Vec<Scenario> {
             "Hot key, 4 processes × 64 tasks",
             4,
             64,
-            pick(16, 1),
+            pick(4, 1),
             Contention::HotKey,
         ),
     ];

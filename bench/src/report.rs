@@ -561,7 +561,12 @@ impl Report {
             "\nSections/s: completed critical sections per second (uncontended: \
              acquire-and-release pairs, with no section), the median of the rounds, timed \
              from releasing all tasks at once until the last one finishes; for the serial \
-             limit, also its best round. Tasks × sections each: {}. lock-runtime ÷ it: \
+             limit, also its best round. Tasks × sections each: {}. The hot-key rounds are \
+             bursts: every task asks at once and runs its few sections, so a round ends \
+             with few tasks left waiting, where an implementation that sleeps between \
+             tries leaves the lock idle. Their goals are set on those rounds. The steady \
+             rounds run hot-256's tasks four times as long, as a service under constant \
+             load would, and the sleepers idle less of those. lock-runtime ÷ it: \
              lock-runtime's median over this row's median; over the serial limit's best \
              round, the ceiling issue 10 takes. Requests / section: top-level requests sent \
              to Redis per completed section, counted in a separate pass through a counting \
@@ -803,8 +808,8 @@ The hot-key rows above, in one process, drawn by `lock-bench` \
              GET and SET, two round trips) run by one task with no lock, so what a lock \
              adds to a section is its difference from that row. A round also starts its \
              tasks, about 7 allocations each, spread over the sections each task runs \
-             (tasks × sections each are under the first table): that, not the number of \
-             tasks waiting, is why the allocations a section may rise down the rows.\n\n\
+             (20 at 16 tasks, 4 at 256, 1 at 1,000): that, not the number of tasks \
+             waiting, is why the allocations a section rise down the rows.\n\n\
              | Scenario | Implementation | Client CPU | Redis CPU | Thread switches | Allocations | Writes |\n\
              |---|---|--:|--:|--:|--:|--:|"
         );
