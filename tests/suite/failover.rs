@@ -136,12 +136,16 @@ struct Kind {
     holds_after: usize,
 }
 
+/// A fixed lease, long enough to outlast the failover: nothing but the failover can
+/// end a hold taken before it by the time the second client asks.
+fn held_through() -> LockOptions {
+    LockOptions::new().lease(Duration::from_secs(60))
+}
+
 /// A lock, the lock of a read-write pair taken shared, and one of a semaphore's two
 /// permits, on the three `keys` in turn.
 fn kinds([lock, shared, permit]: [String; 3]) -> [Kind; 3] {
-    // A fixed lease, long enough to outlast the failover: nothing but the failover
-    // can end these holds before the second client asks.
-    let held_through = LockOptions::new().lease(Duration::from_secs(60));
+    let held_through = held_through();
     let exports = held_through.clone().permits(2);
     [
         Kind {
@@ -224,7 +228,7 @@ async fn no_two_believed_holders_after_a_failover(
         protected.push(hold_before(&first, kind).await);
     }
     let unprotected = opted_out
-        .acquire(control_key, &kinds[0].before.clone().spin(false))
+        .acquire(control_key, &held_through().spin(false))
         .await
         .expect("without replica sync, a grant needs no replica");
     let unprotected = Believer::watch("opted out", unprotected, SystemTime::now());
