@@ -1,12 +1,12 @@
 //! Replica sync: a grant counts once a replica has it. With the replica cut off, a
 //! grant is given back and the caller learns why; a renewal the replica does not
-//! confirm extends nothing the holder counts on; many grants share one `WAIT`; and a
-//! primary without replicas pays nothing.
+//! confirm extends nothing the holder counts on; many grants share one `WAIT`, on a
+//! Cluster one per primary; and a primary without replicas pays nothing.
 
 use std::time::Duration;
 
 use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
-use lock_tests::RedisServer;
+use lock_tests::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 
 /// A primary and a replica in sync with it.
@@ -191,6 +191,71 @@ async fn grants_that_arrive_together_share_one_wait() {
         waits * 2 <= grants,
         "{waits} WAITs for {grants} grants: they were not grouped"
     );
+}
+
+/// A `WAIT` blocks the connection it is sent on, and a Cluster client has one per
+/// node: a `WAIT` for each slot would wait out the replica timeout behind the one
+/// before, and the last ones outlast their request's bound, answered by an error
+/// that says nothing of the replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_grants_in_many_slots_of_one_primary_share_its_wait() {
+    let cluster = RedisCluster::start();
+    let shard = cluster.shard_for(cluster.slot_of("batch-0"));
+    let mut slots = Vec::new();
+    let keys: Vec<String> = (0..)
+        .map(|n| format!("batch-{n}"))
+        .filter(|key| {
+            let slot = cluster.slot_of(key);
+            let fresh = cluster.shard_for(slot) == shard && !slots.contains(&slot);
+            slots.push(slot);
+            fresh
+        })
+        .take(6)
+        .collect();
+    let primary = cluster.primary_for(cluster.slot_of(&keys[0]));
+    let config = ClientConfig::new()
+        .replica_timeout(Duration::from_millis(500))
+        .command_timeout(Duration::from_secs(1));
+    let client = LockClient::cluster_with(cluster.urls(), config)
+        .await
+        .unwrap();
+    let warm_up = client.acquire(&keys[0], &LockOptions::new()).await;
+    warm_up.unwrap().release().await.unwrap();
+
+    cluster.cut_off_replica(shard);
+    let waits_before = primary.calls("wait");
+    let mut asking = tokio::task::JoinSet::new();
+    for key in keys.clone() {
+        let client = client.clone();
+        asking.spawn(async move {
+            let once = LockOptions::new().spin(false);
+            (client.acquire(&key, &once).await.map(drop), key)
+        });
+    }
+    while let Some(asked) = asking.join_next().await {
+        let (refused, key) = asked.unwrap();
+        let refused = refused.expect_err("the replica is cut off");
+        assert_eq!(shortfall(&refused), (key.as_str(), 0, 1, None));
+    }
+    let waits = primary.calls("wait") - waits_before;
+    assert!(
+        waits < 2 * keys.len() as u64,
+        "{waits} WAITs for {} grants on one primary, two for each",
+        keys.len()
+    );
+
+    let available = ClientConfig::new().replicas(0);
+    let other = LockClient::cluster_with(cluster.urls(), available)
+        .await
+        .unwrap();
+    for key in &keys {
+        let guard = other.acquire(key, &LockOptions::new().spin(false)).await;
+        guard
+            .expect("the unconfirmed grant was given back")
+            .release()
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

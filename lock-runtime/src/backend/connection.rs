@@ -167,17 +167,12 @@ impl Target {
         config: &ClientConfig,
     ) -> RedisResult<Replicas> {
         match (self, connection) {
-            (Target::Cluster(_), Connection::Cluster { cluster, .. }) => {
-                let mut slots = redis::cmd("CLUSTER");
-                slots.arg("SLOTS");
-                // Every node is asked and the first answer taken: one chosen at
-                // random may be silent.
-                let first_to_answer = RoutingInfo::MultiNode((
-                    MultipleNodeRoutingInfo::AllNodes,
-                    Some(ResponsePolicy::OneSucceeded),
-                ));
-                let slots = cluster.route_command(slots, first_to_answer).await?;
-                Ok(Replicas::PerSlot(replicas_per_slot(slots)?))
+            (Target::Cluster(_), connection @ Connection::Cluster { .. }) => {
+                let ranges = connection.slot_ranges().await?;
+                let ranges = ranges
+                    .into_iter()
+                    .map(|range| (range.first, range.last, range.replicas));
+                Ok(Replicas::PerSlot(ranges.collect()))
             }
             (
                 Target::Sentinel {
@@ -355,7 +350,9 @@ impl ScriptCall {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // Boxed: the rare way, kept out of every call's future.
                 Box::pin(async {
-                    let (answer, _) = self.pipelined(connection, true, &[]).await?;
+                    let calls = std::slice::from_ref(self);
+                    let (answers, _) = Self::pipelined(calls, connection, true, &[]).await?;
+                    let answer = answers.into_iter().next().unwrap_or(Value::Nil);
                     Ok(redis::from_redis_value(answer.extract_error()?)?)
                 })
                 .await
@@ -364,47 +361,56 @@ impl ScriptCall {
         }
     }
 
-    /// Runs it and then `after`, all in one pipeline on one connection to the
-    /// primary that serves its first key, with the script where the server lacked
-    /// it. Returns its answer, and theirs, each of which may be a refusal.
-    pub(crate) async fn invoke_then(
-        &self,
+    /// Runs `calls`, all of one script, and then `after`, in one pipeline on one
+    /// connection to the primary that serves the first call's first key, with the
+    /// script where the server lacked it. Returns their answers, each of which may
+    /// be a refusal.
+    pub(crate) async fn invoke_all_then(
+        calls: &[ScriptCall],
         connection: &mut Connection,
         after: &[Cmd],
-    ) -> RedisResult<(Value, Vec<Value>)> {
-        let (mut answer, mut answers) = self.pipelined(connection, false, after).await?;
-        if matches!(&answer, Value::ServerError(refusal)
-            if refusal.kind() == Some(ServerErrorKind::NoScript))
-        {
-            (answer, answers) = self.pipelined(connection, true, after).await?;
+    ) -> RedisResult<(Vec<Value>, Vec<Value>)> {
+        let answered = Self::pipelined(calls, connection, false, after).await?;
+        let lacked = answered.0.iter().any(|answer| {
+            matches!(answer, Value::ServerError(refusal)
+                if refusal.kind() == Some(ServerErrorKind::NoScript))
+        });
+        match lacked {
+            true => Self::pipelined(calls, connection, true, after).await,
+            false => Ok(answered),
         }
-        Ok((answer.extract_error()?, answers))
     }
 
-    /// Sends it, and `after`, in one pipeline to the primary that serves its first
-    /// key, led by `SCRIPT LOAD` where `loading`: on the connection the call then
-    /// goes by, wherever a failover sends it. Its answer and theirs.
+    /// Sends `calls`, and `after`, in one pipeline to the primary that serves the
+    /// first call's first key, led by `SCRIPT LOAD` where `loading`: on the connection
+    /// the calls then go by, wherever a failover sends them. Their answers, and the
+    /// others'.
     async fn pipelined(
-        &self,
+        calls: &[ScriptCall],
         connection: &mut Connection,
         loading: bool,
         after: &[Cmd],
-    ) -> RedisResult<(Value, Vec<Value>)> {
-        let mut pipeline = Pipeline::with_capacity(2 + after.len());
+    ) -> RedisResult<(Vec<Value>, Vec<Value>)> {
+        let Some(first) = calls.first() else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let mut pipeline = Pipeline::with_capacity(1 + calls.len() + after.len());
         if loading {
-            pipeline.add_command(self.script.load());
+            pipeline.add_command(first.script.load());
         }
-        pipeline.add_command(self.command.clone());
+        for call in calls {
+            pipeline.add_command(call.command.clone());
+        }
         for cmd in after {
             pipeline.add_command(cmd.clone());
         }
-        let answers = connection.pipeline_on_primary_of(self.first_key(), pipeline);
-        let mut answers = answers.await?.into_iter();
-        if loading {
-            answers.next().unwrap_or(Value::Nil).extract_error()?;
+        let answers = connection.pipeline_on_primary_of(first.first_key(), pipeline);
+        let mut answers = answers.await?;
+        if loading && !answers.is_empty() {
+            answers.remove(0).extract_error()?;
         }
-        let answer = answers.next().unwrap_or(Value::Nil);
-        Ok((answer, answers.collect()))
+        let after_answers = answers.split_off(calls.len().min(answers.len()));
+        Ok((answers, after_answers))
     }
 
     /// `EVALSHA sha numkeys key …`: every lock script has a key.
@@ -499,16 +505,35 @@ impl Replicas {
     }
 }
 
-/// Slot ranges from `CLUSTER SLOTS`, each with how many replicas its primary has:
-/// every entry is the first and last slot, the primary, then each replica.
-fn replicas_per_slot(slots: Value) -> RedisResult<Vec<(u16, u16, usize)>> {
+/// A range of slots as `CLUSTER SLOTS` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SlotRange {
+    pub(crate) first: u16,
+    pub(crate) last: u16,
+    /// The address of the primary that serves it.
+    pub(crate) primary: String,
+    /// How many replicas that primary has.
+    pub(crate) replicas: usize,
+}
+
+/// Every entry of `CLUSTER SLOTS` is the first and last slot, the primary (its host
+/// and port first), then each replica.
+fn slot_ranges(slots: Value) -> RedisResult<Vec<SlotRange>> {
     let ranges: Vec<Vec<Value>> = redis::from_redis_value(slots)?;
     ranges
         .into_iter()
         .map(|range| {
-            let first = redis::from_redis_value(range.first().cloned().unwrap_or(Value::Nil))?;
-            let last = redis::from_redis_value(range.get(1).cloned().unwrap_or(Value::Nil))?;
-            Ok((first, last, range.len().saturating_sub(3)))
+            let field =
+                |values: &[Value], place: usize| values.get(place).cloned().unwrap_or(Value::Nil);
+            let primary: Vec<Value> = redis::from_redis_value(field(&range, 2))?;
+            let host: String = redis::from_redis_value(field(&primary, 0))?;
+            let port: u16 = redis::from_redis_value(field(&primary, 1))?;
+            Ok(SlotRange {
+                first: redis::from_redis_value(field(&range, 0))?,
+                last: redis::from_redis_value(field(&range, 1))?,
+                primary: format!("{host}:{port}"),
+                replicas: range.len().saturating_sub(3),
+            })
         })
         .collect()
 }
@@ -585,6 +610,25 @@ impl Connection {
             connection => connection.req_packed_command(cmd).await,
         };
         Ok(redis::from_redis_value(answer?.extract_error()?)?)
+    }
+
+    /// On a Cluster, the slot ranges as the nodes list them now.
+    pub(crate) async fn slot_ranges(&mut self) -> RedisResult<Vec<SlotRange>> {
+        let Connection::Cluster { cluster, limit } = self else {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "slot ranges asked of a connection that is not to a Cluster",
+            )));
+        };
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        // Every node is asked and the first answer taken: one chosen at random may be
+        // silent.
+        let first_to_answer = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllNodes,
+            Some(ResponsePolicy::OneSucceeded),
+        ));
+        slot_ranges(bounded(*limit, cluster.route_command(slots, first_to_answer)).await?)
     }
 
     /// Sends `pipeline` whole, over one connection, to the primary that serves `key`.
@@ -1391,7 +1435,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cluster_slots_give_each_ranges_replicas() {
+    fn cluster_slots_give_each_ranges_primary_and_replicas() {
         let node = |port: i64| {
             Value::Array(vec![
                 Value::BulkString(b"127.0.0.1".to_vec()),
@@ -1415,12 +1459,30 @@ mod tests {
                 node(7005),
             ]),
         ]);
-        let ranges = replicas_per_slot(slots).unwrap();
+        let ranges = slot_ranges(slots).unwrap();
+        let listed: Vec<_> = ranges
+            .iter()
+            .map(|range| {
+                (
+                    range.first,
+                    range.last,
+                    range.primary.as_str(),
+                    range.replicas,
+                )
+            })
+            .collect();
         assert_eq!(
-            ranges,
-            vec![(0, 5460, 1), (5461, 10922, 0), (10923, 16383, 2)]
+            listed,
+            vec![
+                (0, 5460, "127.0.0.1:7000", 1),
+                (5461, 10922, "127.0.0.1:7001", 0),
+                (10923, 16383, "127.0.0.1:7002", 2)
+            ]
         );
-        let replicas = Replicas::PerSlot(ranges);
+        let ranges = ranges
+            .into_iter()
+            .map(|range| (range.first, range.last, range.replicas));
+        let replicas = Replicas::PerSlot(ranges.collect());
         assert_eq!(replicas.of("foo"), 2, "slot 12182");
         assert_eq!(replicas.of("foo{hash_tag}"), 1, "slot 2515");
         assert!(replicas.any());

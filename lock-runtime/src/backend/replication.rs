@@ -6,9 +6,11 @@
 //! counts only the writes of its own connection, hence the write, and the pipeline,
 //! which keeps the two on one connection.) Grants that arrive while a round runs share
 //! the next one, a group commit: one `WAIT` covers them all, and the connection that
-//! takes and frees locks never blocks on one.
+//! takes and frees locks never blocks on one. On a Cluster, one `WAIT` covers each
+//! primary's: those sent in turn on one connection would each wait out the replica
+//! timeout behind the one before.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -16,7 +18,7 @@ use redis::{ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use super::connection::{Connection, LuaScript, Replicas, ScriptCall, Target, bounded};
+use super::connection::{Connection, LuaScript, Replicas, ScriptCall, SlotRange, Target, bounded};
 use super::sentinels::Sentinels;
 use crate::key::{LockName, slot};
 use crate::{ClientConfig, LockError};
@@ -103,13 +105,21 @@ struct Rounds {
     wait_ms: u64,
     /// The longest a round's request may take, waiting included.
     limit: Duration,
+    /// On a Cluster, the primaries as last listed; forgotten when a check finds a
+    /// slot elsewhere.
+    primaries: Mutex<Option<Arc<Primaries>>>,
 }
 
-/// What confirming a group of requests found: whether each token holds its lock,
-/// how many replicas then acknowledged the group's writes, and whether the primary
-/// wrote them to disk, where that is asked for.
+/// Which primary serves each range of slots: its first and last slot and the
+/// primary's number.
+struct Primaries(Vec<(u16, u16, usize)>);
+
+/// What confirming the requests of one primary found: for each slot's, whether each
+/// token holds its lock, or why the check was refused; how many replicas then
+/// acknowledged the writes, and whether the primary wrote them to disk, where that
+/// is asked for.
 struct Found {
-    held: Vec<bool>,
+    held: Vec<RedisResult<Vec<bool>>>,
     acknowledged: usize,
     on_disk: Option<bool>,
 }
@@ -223,6 +233,7 @@ impl Replication {
                 cluster: matches!(target, Target::Cluster(_)),
                 wait_ms,
                 limit,
+                primaries: Mutex::default(),
             }),
             requests: Mutex::default(),
         }))
@@ -310,32 +321,51 @@ async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<R
 }
 
 impl Rounds {
-    /// Confirms `batch`, one pipeline per hash slot, and through Sentinel, asks them
+    /// Confirms `batch`, one pipeline per primary, and through Sentinel, asks them
     /// alongside.
     async fn run(self: &Arc<Self>, batch: Vec<Request>) {
         let mut asked = (self.sentinels.clone())
             .map(|sentinels| tokio::spawn(async move { sentinels.ask().await }));
-        let mut groups: BTreeMap<u16, Vec<Request>> = BTreeMap::new();
+        let primaries = match self.cluster {
+            true => self.primaries().await,
+            false => None,
+        };
+        // Each primary's requests, by slot: a script runs on the keys of one slot.
+        // Slots of a primary not listed go alone.
+        let mut nodes: BTreeMap<(Option<usize>, u16), BTreeMap<u16, Vec<Request>>> =
+            BTreeMap::new();
         for request in batch {
-            let group = if self.cluster { slot(&request.lock) } else { 0 };
-            groups.entry(group).or_default().push(request);
+            let slot = if self.cluster { slot(&request.lock) } else { 0 };
+            let node = match primaries.as_ref().and_then(|primaries| primaries.of(slot)) {
+                Some(primary) => (Some(primary), 0),
+                None => (None, slot),
+            };
+            let slots = nodes.entry(node).or_default();
+            slots.entry(slot).or_default().push(request);
         }
         let mut confirming = JoinSet::new();
-        for group in groups.into_values() {
+        for slots in nodes.into_values() {
+            let node: Vec<Vec<Request>> = slots.into_values().collect();
             let rounds = self.clone();
-            // Through Sentinel there is one group: no Cluster.
+            // Through Sentinel there is one node: no Cluster.
             let asked = asked.take();
             confirming.spawn(async move {
-                let found = rounds.confirm(&group).await;
+                let found = rounds.confirm(&node).await;
                 let named_by_sentinels = match (asked, &found) {
-                    (Some(asked), Ok(found)) if found.held.contains(&true) => {
+                    (Some(asked), Ok(found)) if found.any_held() => {
                         let reached = rounds.connection.reached();
                         let said = asked.await;
                         Some(said.is_ok_and(|said| said.vouch_for(reached.as_ref())))
                     }
                     _ => None,
                 };
-                answer_each(group, found, named_by_sentinels)
+                if found
+                    .as_ref()
+                    .is_ok_and(|found| found.held.iter().any(Result::is_err))
+                {
+                    lock(&rounds.primaries).take();
+                }
+                answer_each(node, found, named_by_sentinels)
             });
         }
         let mut unconfirmed = false;
@@ -347,35 +377,56 @@ impl Rounds {
         }
     }
 
-    /// What confirming `group` finds. The check and the waits go in one pipeline:
-    /// `WAIT` counts only the writes of its own connection, and sent apart, after a
-    /// reconnect or to another Cluster node, it would find none to wait for and
-    /// return at once. A first short wait, then, where some lock is held and the
-    /// replicas have not all acknowledged it yet, the rest: a check that finds
-    /// nothing held (two connections that went different ways through a failover)
-    /// is not kept for the whole wait.
-    async fn confirm(&self, group: &[Request]) -> RedisResult<Found> {
-        let locks: Vec<&str> = group.iter().map(|request| request.lock.as_str()).collect();
-        let mut check = ScriptCall::new(&CONFIRM, &locks);
-        for request in group {
-            check.arg(&request.token);
+    /// On a Cluster, the primaries as last listed, or as the nodes list them now;
+    /// `None` when none would say.
+    async fn primaries(&self) -> Option<Arc<Primaries>> {
+        if let Some(listed) = lock(&self.primaries).clone() {
+            return Some(listed);
         }
-        let required = group.iter().map(|request| request.required).max();
+        let mut connection = self.connection.clone();
+        let listed = Arc::new(Primaries::listed(connection.slot_ranges().await.ok()?));
+        *lock(&self.primaries) = Some(listed.clone());
+        Some(listed)
+    }
+
+    /// What confirming the requests of one primary, `node`, finds. The checks and
+    /// the waits go in one pipeline: `WAIT` counts only the writes of its own
+    /// connection, and sent apart, after a reconnect or to another Cluster node, it
+    /// would find none to wait for and return at once. A first short wait, then,
+    /// where some lock is held and the replicas have not all acknowledged it yet,
+    /// the rest: a check that finds nothing held (two connections that went
+    /// different ways through a failover) is not kept for the whole wait.
+    async fn confirm(&self, node: &[Vec<Request>]) -> RedisResult<Found> {
+        let checks: Vec<ScriptCall> = node
+            .iter()
+            .map(|requests| {
+                let locks: Vec<&str> = requests
+                    .iter()
+                    .map(|request| request.lock.as_str())
+                    .collect();
+                let mut check = ScriptCall::new(&CONFIRM, &locks);
+                for request in requests {
+                    check.arg(&request.token);
+                }
+                check
+            })
+            .collect();
+        let required = node.iter().flatten().map(|request| request.required).max();
         let required = required.filter(|&required| required > 0);
         let first = FIRST_WAIT_MS.min(self.wait_ms);
-        let found = self.check_then_wait(&check, required, first).await?;
+        let found = self.check_then_wait(&checks, required, first).await?;
         let enough = found.acknowledged >= required.unwrap_or(0) && found.on_disk != Some(false);
-        if enough || first == self.wait_ms || !found.held.contains(&true) {
+        if enough || first == self.wait_ms || !found.any_held() {
             return Ok(found);
         }
-        // The check writes again, and the wait covers that write wherever it goes.
-        self.check_then_wait(&check, required, self.wait_ms - first)
+        // The checks write again, and the wait covers that write wherever it goes.
+        self.check_then_wait(&checks, required, self.wait_ms - first)
             .await
     }
 
     async fn check_then_wait(
         &self,
-        check: &ScriptCall,
+        checks: &[ScriptCall],
         required: Option<usize>,
         wait_ms: u64,
     ) -> RedisResult<Found> {
@@ -387,9 +438,12 @@ impl Rounds {
             waits.push(redis::cmd("WAITAOF").arg(1).arg(0).arg(wait_ms).clone());
         }
         let mut connection = self.connection.clone();
-        let confirming = check.invoke_then(&mut connection, &waits);
+        let confirming = ScriptCall::invoke_all_then(checks, &mut connection, &waits);
         let (held, waited) = bounded(self.limit, confirming).await?;
-        let held: Vec<i64> = redis::from_redis_value(held)?;
+        let held = held.into_iter().map(|answer| {
+            let held: Vec<i64> = redis::from_redis_value(answer.extract_error()?)?;
+            Ok(held.into_iter().map(|held| held == 1).collect())
+        });
         let mut waited = waited.into_iter().map(Value::extract_error);
         let acknowledged = match required {
             Some(_) => redis::from_redis_value(waited.next().unwrap_or(Ok(Value::Nil))?)?,
@@ -404,41 +458,83 @@ impl Rounds {
             false => None,
         };
         Ok(Found {
-            held: held.into_iter().map(|held| held == 1).collect(),
+            held: held.collect(),
             acknowledged,
             on_disk,
         })
     }
 }
 
-/// Answers each request of `group` with what confirming it found; whether any was
+impl Primaries {
+    /// Numbers each primary of `ranges`.
+    fn listed(ranges: Vec<SlotRange>) -> Primaries {
+        let mut numbers: HashMap<String, usize> = HashMap::new();
+        let ranges = ranges.into_iter().map(|range| {
+            let next = numbers.len();
+            (
+                range.first,
+                range.last,
+                *numbers.entry(range.primary).or_insert(next),
+            )
+        });
+        Primaries(ranges.collect())
+    }
+
+    fn of(&self, slot: u16) -> Option<usize> {
+        let range = self
+            .0
+            .iter()
+            .find(|(first, last, _)| (*first..=*last).contains(&slot));
+        range.map(|(_, _, primary)| *primary)
+    }
+}
+
+impl Found {
+    fn any_held(&self) -> bool {
+        self.held.iter().flatten().any(|held| held.contains(&true))
+    }
+
+    /// What it comes to for a request that needs `required` replicas, whose token
+    /// holds its lock.
+    fn for_holder(&self, required: usize, named_by_sentinels: Option<bool>) -> Confirmed {
+        if self.acknowledged >= required
+            && self.on_disk != Some(false)
+            && named_by_sentinels != Some(false)
+        {
+            return Confirmed::Yes;
+        }
+        Confirmed::Short(Shortfall {
+            acknowledged: self.acknowledged,
+            required,
+            on_disk: self.on_disk,
+            named_by_sentinels,
+        })
+    }
+}
+
+/// Answers each request of `node` with what confirming it found; whether any was
 /// not confirmed.
 fn answer_each(
-    group: Vec<Request>,
+    node: Vec<Vec<Request>>,
     found: RedisResult<Found>,
     named_by_sentinels: Option<bool>,
 ) -> bool {
     let mut unconfirmed = false;
-    for (place, request) in group.into_iter().enumerate() {
-        let answer = match &found {
-            Err(error) => Err(copy(error)),
-            Ok(found) if !found.held.get(place).is_some_and(|&held| held) => Ok(Confirmed::NotHeld),
-            Ok(found)
-                if found.acknowledged >= request.required
-                    && found.on_disk != Some(false)
-                    && named_by_sentinels != Some(false) =>
-            {
-                Ok(Confirmed::Yes)
-            }
-            Ok(found) => Ok(Confirmed::Short(Shortfall {
-                acknowledged: found.acknowledged,
-                required: request.required,
-                on_disk: found.on_disk,
-                named_by_sentinels,
-            })),
-        };
-        unconfirmed |= matches!(answer, Ok(Confirmed::NotHeld | Confirmed::Short(_)));
-        let _ = request.answer.send(answer);
+    for (group, requests) in node.into_iter().enumerate() {
+        for (place, request) in requests.into_iter().enumerate() {
+            let answer = match &found {
+                Err(error) => Err(copy(error)),
+                Ok(found) => match found.held.get(group) {
+                    Some(Err(refusal)) => Err(copy(refusal)),
+                    Some(Ok(held)) if held.get(place) == Some(&true) => {
+                        Ok(found.for_holder(request.required, named_by_sentinels))
+                    }
+                    _ => Ok(Confirmed::NotHeld),
+                },
+            };
+            unconfirmed |= matches!(answer, Ok(Confirmed::NotHeld | Confirmed::Short(_)));
+            let _ = request.answer.send(answer);
+        }
     }
     unconfirmed
 }
@@ -461,4 +557,29 @@ fn no_rounds() -> RedisError {
         ErrorKind::Io,
         "the replica check stopped: its runtime shut down",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_served_by_one_primary_share_its_number() {
+        let range = |first, last, primary: &str| SlotRange {
+            first,
+            last,
+            primary: primary.to_owned(),
+            replicas: 1,
+        };
+        let primaries = Primaries::listed(vec![
+            range(0, 99, "127.0.0.1:7000"),
+            range(100, 199, "127.0.0.1:7001"),
+            range(200, 16383, "127.0.0.1:7000"),
+        ]);
+        assert_eq!(primaries.of(5), primaries.of(9000));
+        assert_ne!(primaries.of(5), primaries.of(150));
+        assert!(primaries.of(150).is_some());
+        let partial = Primaries::listed(vec![range(0, 99, "127.0.0.1:7000")]);
+        assert_eq!(partial.of(100), None, "a slot no range lists goes alone");
+    }
 }
