@@ -1,7 +1,8 @@
 //! A Redis Cluster of three primaries and three replicas: lock traffic keeps its
 //! guarantees while the lock's slot migrates to another primary, and the client
 //! connects, goes on locking the other slots, and reloads the scripts a primary lost
-//! while one primary is silent; a lock is confirmed where its slot moved.
+//! while one primary is silent; a lock is confirmed where its slot moved, and so are
+//! those confirmed beside it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -238,6 +239,58 @@ async fn a_lock_is_confirmed_where_its_slot_moved() {
     let guard = granted.expect("granted and confirmed where the slot moved");
     assert!(to.lock_calls() > calls_before, "granted on the new owner");
     guard.release().await.unwrap();
+    client.shutdown().await;
+}
+
+/// The client lists which primary serves each slot, so that one `WAIT` covers each
+/// primary's grants. Once a slot moves the list is wrong until read again, and the
+/// moved slot's check, sent to its old primary beside those of slots that stayed,
+/// is sent on: their grants are confirmed all the same, at the first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_beside_one_whose_slot_moved_are_confirmed() {
+    let cluster = RedisCluster::start();
+    let moving = "invoice:moving";
+    let slot = cluster.slot_of(moving);
+    let from = cluster.primary_for(slot).port();
+    let mut keys: Vec<String> = (0..)
+        .map(|n| format!("invoice:staying-{n}"))
+        .filter(|key| {
+            let staying = cluster.slot_of(key);
+            staying != slot && cluster.primary_for(staying).port() == from
+        })
+        .take(8)
+        .collect();
+    keys.push(moving.to_owned());
+    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let once = LockOptions::new().spin(false);
+    for key in &keys {
+        client
+            .acquire(key, &once)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+
+    let to = cluster
+        .primaries()
+        .into_iter()
+        .find(|primary| primary.port() != from)
+        .expect("another primary");
+    cluster.migrate_slot(slot, to);
+    for _ in 0..3 {
+        let mut asking = tokio::task::JoinSet::new();
+        for key in keys.clone() {
+            let (client, once) = (client.clone(), once.clone());
+            asking.spawn(async move { (client.acquire(&key, &once).await, key) });
+        }
+        while let Some(asked) = asking.join_next().await {
+            let (granted, key) = asked.unwrap();
+            let guard = granted.unwrap_or_else(|error| panic!("`{key}` refused: {error:?}"));
+            guard.release().await.unwrap();
+        }
+    }
     client.shutdown().await;
 }
 

@@ -105,8 +105,7 @@ struct Rounds {
     wait_ms: u64,
     /// The longest a round's request may take, waiting included.
     limit: Duration,
-    /// On a Cluster, the primaries as last listed; forgotten when a check finds a
-    /// slot elsewhere.
+    /// On a Cluster, the primaries as last listed; forgotten when a slot has moved.
     primaries: Mutex<Option<Arc<Primaries>>>,
 }
 
@@ -351,6 +350,13 @@ impl Rounds {
             let asked = asked.take();
             confirming.spawn(async move {
                 let found = rounds.confirm(&node).await;
+                if node.len() > 1
+                    && found
+                        .as_ref()
+                        .is_err_and(|error| error.redirect_node().is_some())
+                {
+                    return rounds.confirm_apart(node).await;
+                }
                 let named_by_sentinels = match (asked, &found) {
                     (Some(asked), Ok(found)) if found.any_held() => {
                         let reached = rounds.connection.reached();
@@ -359,12 +365,6 @@ impl Rounds {
                     }
                     _ => None,
                 };
-                if found
-                    .as_ref()
-                    .is_ok_and(|found| found.held.iter().any(Result::is_err))
-                {
-                    lock(&rounds.primaries).take();
-                }
                 answer_each(node, found, named_by_sentinels)
             });
         }
@@ -375,6 +375,20 @@ impl Rounds {
         if unconfirmed {
             self.connection.ask_sentinels_again();
         }
+    }
+
+    /// Confirms each slot of `node` apart, and forgets the primaries listed: a slot
+    /// that moved off the one listed for it sends the pipeline to where it went,
+    /// where the checks of the slots that stayed send it back, until redis-rs gives
+    /// up. Whether any was not confirmed.
+    async fn confirm_apart(&self, node: Vec<Vec<Request>>) -> bool {
+        lock(&self.primaries).take();
+        let mut unconfirmed = false;
+        for slot in node {
+            let found = self.confirm(std::slice::from_ref(&slot)).await;
+            unconfirmed |= answer_each(vec![slot], found, None);
+        }
+        unconfirmed
     }
 
     /// On a Cluster, the primaries as last listed, or as the nodes list them now;
