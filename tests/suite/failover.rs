@@ -143,7 +143,7 @@ fn held_through() -> LockOptions {
 }
 
 /// A lock, the lock of a read-write pair taken shared, and one of a semaphore's two
-/// permits, on the three `keys` in turn.
+/// permits, on the three `keys`.
 fn kinds([lock, shared, permit]: [String; 3]) -> [Kind; 3] {
     let held_through = held_through();
     let exports = held_through.clone().permits(2);
@@ -220,13 +220,15 @@ async fn no_two_believed_holders_after_a_failover(
 
     let kinds = kinds(keys);
     block_in_place(|| failover.cut_off_replica());
-    // One after another: on Cluster, grants of several slots confirmed in one round
-    // each wait out their own `WAIT` on one connection, in turn, and the last may
-    // outlast the round's bound and fail as a Redis error rather than `Replication`.
-    let mut protected = Vec::new();
-    for kind in &kinds {
-        protected.push(hold_before(&first, kind).await);
-    }
+    // Joined in one task, so that their confirmations share rounds: on Cluster, one
+    // `WAIT` for the primary's slots, not one each waiting out the last in turn.
+    let [lock, shared, permit] = &kinds;
+    let protected = tokio::join!(
+        hold_before(&first, lock),
+        hold_before(&first, shared),
+        hold_before(&first, permit)
+    );
+    let protected = [protected.0, protected.1, protected.2];
     let unprotected = opted_out
         .acquire(control_key, &held_through().spin(false))
         .await
