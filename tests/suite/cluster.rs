@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use lock_runtime::history::History;
 use lock_runtime::{ClientConfig, LockClient, LockError, LockInspector, LockOptions};
-use lock_tests::RedisCluster;
+use lock_tests::{RedisCluster, RedisServer};
 use redis::AsyncCommands;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,13 +69,7 @@ async fn locking_runs_on_while_the_slot_migrates() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let moving = cluster.clone();
     tokio::task::spawn_blocking(move || {
-        let from = moving.primary_for(slot).port();
-        let to = moving
-            .primaries()
-            .into_iter()
-            .find(|primary| primary.port() != from)
-            .unwrap();
-        moving.migrate_slot(slot, to);
+        move_elsewhere(&moving, slot);
     })
     .await
     .unwrap();
@@ -227,13 +221,7 @@ async fn a_lock_is_confirmed_where_its_slot_moved() {
     let guard = client.acquire(key, &once).await.unwrap();
     guard.release().await.unwrap();
 
-    let from = cluster.primary_for(slot).port();
-    let to = cluster
-        .primaries()
-        .into_iter()
-        .find(|primary| primary.port() != from)
-        .expect("another primary");
-    cluster.migrate_slot(slot, to);
+    let to = move_elsewhere(&cluster, slot);
     let calls_before = to.lock_calls();
     let granted = client.acquire(key, &once).await;
     let guard = granted.expect("granted and confirmed where the slot moved");
@@ -273,12 +261,7 @@ async fn grants_beside_one_whose_slot_moved_are_confirmed() {
             .unwrap();
     }
 
-    let to = cluster
-        .primaries()
-        .into_iter()
-        .find(|primary| primary.port() != from)
-        .expect("another primary");
-    cluster.migrate_slot(slot, to);
+    move_elsewhere(&cluster, slot);
     for _ in 0..3 {
         let mut asking = tokio::task::JoinSet::new();
         for key in keys.clone() {
@@ -292,6 +275,18 @@ async fn grants_beside_one_whose_slot_moved_are_confirmed() {
         }
     }
     client.shutdown().await;
+}
+
+/// Migrates `slot` to a primary other than the one serving it; returns that primary.
+fn move_elsewhere(cluster: &RedisCluster, slot: u16) -> &RedisServer {
+    let from = cluster.primary_for(slot).port();
+    let to = cluster
+        .primaries()
+        .into_iter()
+        .find(|primary| primary.port() != from)
+        .expect("another primary");
+    cluster.migrate_slot(slot, to);
+    to
 }
 
 /// A key whose slot is served by a primary whose port `served` accepts.
