@@ -1,10 +1,11 @@
 //! The cost of keeping many locks: one client takes thousands of locks on short
 //! watchdog leases and holds them, while the bench measures what the renewals cost
 //! each side, how many commands Redis runs for them, and the memory each held lock
-//! takes in the client.
+//! takes in the client. Beside it, Redis's floor: what the same server spends when
+//! each of as many keys gets one bare `PEXPIREAT` as often, with no owner check.
 
 use std::fmt::Write;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{LockClient, LockGuard, LockOptions};
 use lock_tests::RedisServer;
@@ -18,10 +19,17 @@ use crate::stats::{lowest_and_highest, median};
 const LEASE: Duration = Duration::from_secs(3);
 /// How long the holding is measured, after the first renewals have begun.
 const MEASURED: Duration = Duration::from_secs(6);
+/// The goal: this many locks held cost each side at most this share of one core
+/// (issue 19).
+const GOAL_LOCKS: usize = 50_000;
+const GOAL_PERCENT: f64 = 10.0;
+/// How many `PEXPIREAT`s the floor sends in one write, as the keeper renews.
+const FLOOR_BATCH: usize = 256;
 
 struct Held {
     client_cpu: Duration,
     redis_cpu: Option<Duration>,
+    redis_floor_cpu: Option<Duration>,
     commands: Option<u64>,
     bytes_per_lock: f64,
     still_held: usize,
@@ -37,9 +45,12 @@ pub(crate) async fn keeping_many_locks(counts: &[usize], rounds: usize) -> Strin
          redis-server of its own. CPU is given as a share of one core: the median of \
          {rounds} rounds, with the lowest and highest in brackets. Memory: the bytes \
          the client's heap grew by per lock held, from before the locks were taken to \
-         the end of the measured time (median).\n\n\
-         | Locks held | Client CPU | Redis CPU | Redis commands/s | Memory per held lock | Still held at the end (fewest) |\n\
-         |--:|--:|--:|--:|--:|--:|\n",
+         the end of the measured time (median). Redis's floor: a redis-server of its \
+         own holding as many keys, each given one `PEXPIREAT` a second, {FLOOR_BATCH} \
+         to a write, with no check of who holds it: about the least a lease kept per \
+         key and renewed every second costs Redis here.\n\n\
+         | Locks held | Client CPU | Redis CPU | Redis's floor | Redis commands/s | Memory per held lock | Still held at the end (fewest) |\n\
+         |--:|--:|--:|--:|--:|--:|--:|\n",
     );
     let mut held: Vec<Vec<Held>> = counts.iter().map(|_| Vec::new()).collect();
     let mut failures: Vec<Option<String>> = counts.iter().map(|_| None).collect();
@@ -51,30 +62,32 @@ pub(crate) async fn keeping_many_locks(counts: &[usize], rounds: usize) -> Strin
             }
         }
     }
+    let mut verdict = None;
     for ((&locks, runs), failure) in counts.iter().zip(held).zip(failures) {
         if let Some(error) = failure {
-            let _ = writeln!(out, "| {locks} | failed: {error} | | | | |");
+            let _ = writeln!(out, "| {locks} | failed: {error} | | | | | |");
             continue;
         }
-        let shares = |cpu: &dyn Fn(&Held) -> Option<Duration>| {
-            let shares: Vec<f64> = runs
-                .iter()
+        let percents = |cpu: &dyn Fn(&Held) -> Option<Duration>| -> Vec<f64> {
+            runs.iter()
                 .filter_map(cpu)
                 .map(|cpu| 100.0 * cpu.as_secs_f64() / MEASURED.as_secs_f64())
-                .collect();
-            let (lowest, highest) = lowest_and_highest(&shares);
-            median(&shares).map_or("n/a".to_owned(), |median| {
-                format!("{median:.1}% ({lowest:.1}–{highest:.1}%)")
-            })
+                .collect()
         };
+        let (client, redis, floor) = (
+            percents(&|run| Some(run.client_cpu)),
+            percents(&|run| run.redis_cpu),
+            percents(&|run| run.redis_floor_cpu),
+        );
         let of = |value: &dyn Fn(&Held) -> Option<f64>| {
             median(&runs.iter().filter_map(value).collect::<Vec<_>>())
         };
         let _ = writeln!(
             out,
-            "| {locks} | {} | {} | {} | {} | {} of {locks} |",
-            shares(&|run| Some(run.client_cpu)),
-            shares(&|run| run.redis_cpu),
+            "| {locks} | {} | {} | {} | {} | {} | {} of {locks} |",
+            share(&client),
+            share(&redis),
+            share(&floor),
             of(&|run| run.commands.map(|commands| commands as f64)).map_or(
                 "n/a".to_owned(),
                 |commands| format!("{:.0}", commands / MEASURED.as_secs_f64())
@@ -83,9 +96,42 @@ pub(crate) async fn keeping_many_locks(counts: &[usize], rounds: usize) -> Strin
                 .map_or("n/a".to_owned(), |bytes| format!("{bytes:.0} B")),
             runs.iter().map(|run| run.still_held).min().unwrap_or(0),
         );
+        if locks == GOAL_LOCKS {
+            verdict = goal_verdict(median(&client), median(&redis), median(&floor));
+        }
+    }
+    if let Some(verdict) = verdict {
+        let _ = write!(out, "\n{verdict}\n");
     }
     out.push('\n');
     out
+}
+
+/// A median share of one core, with the lowest and highest in brackets.
+fn share(percents: &[f64]) -> String {
+    let (lowest, highest) = lowest_and_highest(percents);
+    median(percents).map_or("n/a".to_owned(), |median| {
+        format!("{median:.1}% ({lowest:.1}–{highest:.1}%)")
+    })
+}
+
+fn goal_verdict(client: Option<f64>, redis: Option<f64>, floor: Option<f64>) -> Option<String> {
+    let (client, redis) = (client?, redis?);
+    let met = client <= GOAL_PERCENT && redis <= GOAL_PERCENT;
+    let mut verdict = format!(
+        "{GOAL_LOCKS} locks held at {GOAL_PERCENT:.0}% of a core or less on each side, \
+         the medians: **{}** (client {client:.1}%, Redis {redis:.1}%).",
+        if met { "met" } else { "missed" }
+    );
+    if let Some(floor) = floor.filter(|&floor| floor > GOAL_PERCENT) {
+        let _ = write!(
+            verdict,
+            " Redis's floor read {floor:.1}%: on this machine, one bare `PEXPIREAT` per \
+             lock a second, with no check of who holds it, already costs Redis more than \
+             the goal."
+        );
+    }
+    Some(verdict)
 }
 
 async fn hold(locks: usize) -> Result<Held, String> {
@@ -126,10 +172,62 @@ async fn hold(locks: usize) -> Result<Held, String> {
     Ok(Held {
         client_cpu,
         redis_cpu,
+        redis_floor_cpu: redis_floor(locks).await?,
         commands,
         bytes_per_lock,
         still_held,
     })
+}
+
+/// What a redis-server of its own spends over `MEASURED` while each of `keys` keys,
+/// set as a lock is, gets one bare `PEXPIREAT` every third of a lease.
+async fn redis_floor(keys: usize) -> Result<Option<Duration>, String> {
+    let server = RedisServer::start();
+    placement::serve(&server);
+    let mut connection = data_connection(&server.url()).await?;
+    let names: Vec<String> = (0..keys).map(|key| format!("kept:{key}")).collect();
+    let token = uuid::Uuid::new_v4().to_string();
+    let lease_ms = LEASE.as_millis() as u64;
+    for chunk in names.chunks(FLOOR_BATCH) {
+        let mut set = redis::pipe();
+        for name in chunk {
+            set.cmd("SET")
+                .arg(name)
+                .arg(&token)
+                .arg("PX")
+                .arg(lease_ms)
+                .ignore();
+        }
+        set.query_async::<()>(&mut connection)
+            .await
+            .map_err(|error| error.to_string())?;
+    }
+    let (before, started) = (redis_cpu(&connection).await, Instant::now());
+    for renewal in 1..=(MEASURED.as_millis() / (LEASE / 3).as_millis()) as u32 {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|error| error.to_string())?
+            .as_millis() as u64;
+        for chunk in names.chunks(FLOOR_BATCH) {
+            let mut renew = redis::pipe();
+            for name in chunk {
+                renew
+                    .cmd("PEXPIREAT")
+                    .arg(name)
+                    .arg(now_ms + lease_ms)
+                    .ignore();
+            }
+            renew
+                .query_async::<()>(&mut connection)
+                .await
+                .map_err(|error| error.to_string())?;
+        }
+        tokio::time::sleep_until((started + LEASE / 3 * renewal).into()).await;
+    }
+    let after = redis_cpu(&connection).await;
+    Ok(after
+        .zip(before)
+        .map(|(after, before)| after.saturating_sub(before)))
 }
 
 /// `locks` locks of one client, taken 500 at a time.
