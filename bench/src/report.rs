@@ -5,7 +5,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::peers::{self, PeerKind};
 use crate::placement::Placement;
-use crate::scenarios::{Contention, Counted, RunResult, SETUP_COMMANDS, Scenario, Usage};
+use crate::scenarios::{
+    Contention, Counted, RunResult, SERIAL_LIMIT_SECTIONS, SETUP_COMMANDS, Scenario, Usage,
+};
 use crate::stats::{Waits, lowest_and_highest, median};
 
 /// One implementation's runs of one scenario: the timed rounds and the counting pass.
@@ -561,7 +563,10 @@ impl Report {
             "\nSections/s: completed critical sections per second (uncontended: \
              acquire-and-release pairs, with no section), the median of the rounds, timed \
              from releasing all tasks at once until the last one finishes; for the serial \
-             limit, also its best round. Tasks × sections each: {}. The hot-key rounds are \
+             limit, also its best round. Tasks × sections each: {}; the serial limit runs a \
+             hot-key scenario's sections in one task, and at least {SERIAL_LIMIT_SECTIONS} \
+             of them a round, long enough to tell by it whether the machine's speed \
+             changed. The hot-key rounds are \
              bursts: every task asks at once and runs its few sections, so a round ends \
              with few tasks left waiting, where an implementation that sleeps between \
              tries leaves the lock idle. Their goals are set on those rounds. The steady \
