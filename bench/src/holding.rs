@@ -188,46 +188,49 @@ async fn redis_floor(keys: usize) -> Result<Option<Duration>, String> {
     let names: Vec<String> = (0..keys).map(|key| format!("kept:{key}")).collect();
     let token = uuid::Uuid::new_v4().to_string();
     let lease_ms = LEASE.as_millis() as u64;
-    for chunk in names.chunks(FLOOR_BATCH) {
-        let mut set = redis::pipe();
-        for name in chunk {
-            set.cmd("SET")
-                .arg(name)
-                .arg(&token)
-                .arg("PX")
-                .arg(lease_ms)
-                .ignore();
-        }
-        set.query_async::<()>(&mut connection)
-            .await
-            .map_err(|error| error.to_string())?;
-    }
+    let set = |name: &str| {
+        let mut set = redis::cmd("SET");
+        set.arg(name).arg(&token).arg("PX").arg(lease_ms);
+        set
+    };
+    on_each_key(&mut connection, &names, set).await?;
     let (before, started) = (redis_cpu(&connection).await, Instant::now());
     for renewal in 1..=(MEASURED.as_millis() / (LEASE / 3).as_millis()) as u32 {
-        let now_ms = SystemTime::now()
+        let ends_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_err(|error| error.to_string())?
-            .as_millis() as u64;
-        for chunk in names.chunks(FLOOR_BATCH) {
-            let mut renew = redis::pipe();
-            for name in chunk {
-                renew
-                    .cmd("PEXPIREAT")
-                    .arg(name)
-                    .arg(now_ms + lease_ms)
-                    .ignore();
-            }
+            .as_millis() as u64
+            + lease_ms;
+        let renew = |name: &str| {
+            let mut renew = redis::cmd("PEXPIREAT");
+            renew.arg(name).arg(ends_ms);
             renew
-                .query_async::<()>(&mut connection)
-                .await
-                .map_err(|error| error.to_string())?;
-        }
+        };
+        on_each_key(&mut connection, &names, renew).await?;
         tokio::time::sleep_until((started + LEASE / 3 * renewal).into()).await;
     }
     let after = redis_cpu(&connection).await;
     Ok(after
         .zip(before)
         .map(|(after, before)| after.saturating_sub(before)))
+}
+
+/// Sends `command` for each of `names`, `FLOOR_BATCH` to a write.
+async fn on_each_key(
+    connection: &mut redis::aio::MultiplexedConnection,
+    names: &[String],
+    command: impl Fn(&str) -> redis::Cmd,
+) -> Result<(), String> {
+    for chunk in names.chunks(FLOOR_BATCH) {
+        let mut pipe = redis::pipe();
+        for name in chunk {
+            pipe.add_command(command(name)).ignore();
+        }
+        pipe.query_async::<()>(connection)
+            .await
+            .map_err(|error| error.to_string())?;
+    }
+    Ok(())
 }
 
 /// `locks` locks of one client, taken 500 at a time.
