@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
-use lock_tests::RedisServer;
+use lock_tests::{RedisServer, TcpProxy};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -131,6 +131,41 @@ fn hand_offs_are_counted() {
     assert_eq!(
         metrics.get("distributed_lock_hold_seconds{backend=redis}"),
         Some(&3)
+    );
+}
+
+#[test]
+fn a_hold_released_while_its_renewal_is_on_its_way_is_not_reported_lost() {
+    let redis = RedisServer::start();
+    let (_, events, metrics) = observed(async {
+        let proxy = TcpProxy::start(redis.port()).await;
+        let client = LockClient::connect(&proxy.url()).await.unwrap();
+        let renewed = LockOptions::new()
+            .lease(Duration::from_secs(3))
+            .watchdog(true);
+        let guard = client.acquire("invoice:9", &renewed).await.unwrap();
+        // The renewal, sent a third of the lease in, is the next request for the lock:
+        // its answer waits until the release has begun.
+        proxy.stall_answers_after("invoice:9");
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert!(guard.is_held());
+        let releasing = tokio::spawn(guard.release());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        proxy.resume();
+        releasing.await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    });
+    assert!(
+        !events.iter().any(|event| event
+            .fields
+            .get("message")
+            .is_some_and(|message| message.contains("lost"))),
+        "a released hold was reported lost: {events:?}"
+    );
+    let metrics = metrics.lock().unwrap();
+    assert_eq!(
+        metrics.get("distributed_lock_lost_total{backend=redis}"),
+        None
     );
 }
 

@@ -55,9 +55,9 @@ pub(crate) enum Attempt {
 }
 
 /// A lease to renew: the lock, the token that should hold it, and the lease to give.
-pub(crate) struct Renewing {
-    pub(crate) name: LockName,
-    pub(crate) token: Arc<str>,
+pub(crate) struct Renewing<'a> {
+    pub(crate) name: &'a LockName,
+    pub(crate) token: &'a str,
     pub(crate) lease: Duration,
 }
 
@@ -341,18 +341,14 @@ impl Backend {
     /// one renewal each, all at once. What each found, in order.
     pub(crate) async fn renew_many(
         self: &Arc<Self>,
-        renewals: Vec<Renewing>,
+        renewals: &[Renewing<'_>],
     ) -> Vec<Result<bool, LockError>> {
         if let Store::Redis(node) = &self.store {
-            return node.renew_many(&renewals).await;
+            return node.renew_many(renewals).await;
         }
-        let names: Vec<LockName> = renewals
-            .iter()
-            .map(|renewing| renewing.name.clone())
-            .collect();
         let mut renewing = tokio::task::JoinSet::new();
-        for (index, Renewing { name, token, lease }) in renewals.into_iter().enumerate() {
-            let backend = self.clone();
+        for (index, &Renewing { name, token, lease }) in renewals.iter().enumerate() {
+            let (backend, name, token) = (self.clone(), name.clone(), Arc::<str>::from(token));
             renewing.spawn(async move { (index, backend.renew(&name, &token, lease).await) });
         }
         let mut answers: Vec<Option<Result<bool, LockError>>> = Vec::new();
@@ -360,7 +356,7 @@ impl Backend {
         while let Some(Ok((index, answer))) = renewing.join_next().await {
             answers[index] = Some(answer);
         }
-        renewal_answers(answers, names.iter())
+        renewal_answers(answers, renewals.iter().map(|renewing| renewing.name))
     }
 
     /// Whether `token` holds `name` with no other client waiting for it, where the

@@ -527,7 +527,10 @@ impl RedisNode {
     /// Renews each of `renewals` whose token still holds its lock, in one call per
     /// hash slot and lease of at most `RENEWALS_PER_CALL` locks, then confirms them
     /// with the replicas together; what each found, in order.
-    pub(crate) async fn renew_many(&self, renewals: &[Renewing]) -> Vec<Result<bool, LockError>> {
+    pub(crate) async fn renew_many(
+        &self,
+        renewals: &[Renewing<'_>],
+    ) -> Vec<Result<bool, LockError>> {
         let mut calls_by_slot_and_lease: BTreeMap<(u16, u64), Vec<usize>> = BTreeMap::new();
         for (index, renewing) in renewals.iter().enumerate() {
             let slot = match self.target {
@@ -550,7 +553,7 @@ impl RedisNode {
             let locks: Vec<&str> = chunk.iter().map(|&i| renewals[i].name.hash()).collect();
             let mut call = ScriptCall::new(&RENEW_MANY, &locks);
             for &i in chunk {
-                call.arg(&*renewals[i].token);
+                call.arg(renewals[i].token);
             }
             call.arg(lease);
             let (chunk, connection) = (chunk.to_vec(), self.connection.clone());
@@ -579,14 +582,13 @@ impl RedisNode {
         answers.resize_with(renewals.len(), || None);
         while let Some(Ok((chunk, lost))) = calls.join_next().await {
             for (position, i) in (1..).zip(chunk) {
-                let key = renewals[i].name.key();
                 answers[i] = Some(match &lost {
                     Ok(lost) => Ok(!lost.contains(&position)),
-                    Err(error) => Err(LockError::backend(key, error.clone())),
+                    Err(error) => Err(LockError::backend(renewals[i].name.key(), error.clone())),
                 });
             }
         }
-        let mut answers = renewal_answers(answers, renewals.iter().map(|renewing| &renewing.name));
+        let mut answers = renewal_answers(answers, renewals.iter().map(|renewing| renewing.name));
         let Some(replication) = &self.replication else {
             return answers;
         };
@@ -595,7 +597,7 @@ impl RedisNode {
             .collect();
         let confirming: Vec<(&LockName, &str)> = renewed
             .iter()
-            .map(|&i| (&renewals[i].name, &*renewals[i].token))
+            .map(|&i| (renewals[i].name, renewals[i].token))
             .collect();
         let confirmed = replication.confirm_all(&confirming).await;
         if confirmed
