@@ -57,7 +57,7 @@ pub(crate) enum Attempt {
 /// A lease to renew: the lock, the token that should hold it, and the lease to give.
 pub(crate) struct Renewing<'a> {
     pub(crate) name: &'a LockName,
-    pub(crate) token: &'a str,
+    pub(crate) token: &'a Arc<str>,
     pub(crate) lease: Duration,
 }
 
@@ -348,7 +348,7 @@ impl Backend {
         }
         let mut renewing = tokio::task::JoinSet::new();
         for (index, &Renewing { name, token, lease }) in renewals.iter().enumerate() {
-            let (backend, name, token) = (self.clone(), name.clone(), Arc::<str>::from(token));
+            let (backend, name, token) = (self.clone(), name.clone(), token.clone());
             renewing.spawn(async move { (index, backend.renew(&name, &token, lease).await) });
         }
         let mut answers: Vec<Option<Result<bool, LockError>>> = Vec::new();

@@ -553,7 +553,7 @@ impl RedisNode {
             let locks: Vec<&str> = chunk.iter().map(|&i| renewals[i].name.hash()).collect();
             let mut call = ScriptCall::new(&RENEW_MANY, &locks);
             for &i in chunk {
-                call.arg(renewals[i].token);
+                call.arg(&**renewals[i].token);
             }
             call.arg(lease);
             let (chunk, connection) = (chunk.to_vec(), self.connection.clone());
@@ -597,7 +597,7 @@ impl RedisNode {
             .collect();
         let confirming: Vec<(&LockName, &str)> = renewed
             .iter()
-            .map(|&i| (renewals[i].name, renewals[i].token))
+            .map(|&i| (renewals[i].name, &**renewals[i].token))
             .collect();
         let confirmed = replication.confirm_all(&confirming).await;
         if confirmed
