@@ -170,6 +170,39 @@ fn a_hold_released_while_its_renewal_is_on_its_way_is_not_reported_lost() {
 }
 
 #[test]
+fn a_hold_released_while_its_renewal_fails_is_not_reported_as_renewing() {
+    let redis = RedisServer::start();
+    let (_, events, _) = observed(async {
+        let proxy = TcpProxy::start(redis.port()).await;
+        let bound = Duration::from_millis(1_000);
+        let config = ClientConfig::new().command_timeout(bound);
+        let client = LockClient::connect_with(&proxy.url(), config)
+            .await
+            .unwrap();
+        let renewed = LockOptions::new()
+            .lease(Duration::from_secs(3))
+            .watchdog(true);
+        let guard = client.acquire("invoice:9", &renewed).await.unwrap();
+        // The renewal, sent a third of the lease in, gets no answer within the bound;
+        // the release begins before it gives up.
+        proxy.stall_answers_after("invoice:9");
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        assert!(guard.is_held());
+        let releasing = tokio::spawn(guard.release());
+        tokio::time::sleep(2 * bound).await;
+        proxy.resume();
+        let _ = releasing.await.unwrap();
+    });
+    assert!(
+        !events.iter().any(|event| event
+            .fields
+            .get("message")
+            .is_some_and(|message| message.contains("renewal failed"))),
+        "a released hold was reported renewing: {events:?}"
+    );
+}
+
+#[test]
 fn an_eviction_policy_that_could_free_locks_is_warned_of() {
     let evicting =
         RedisServer::start_with(&["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"]);
