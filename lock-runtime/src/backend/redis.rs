@@ -564,26 +564,16 @@ impl RedisNode {
                         call.invoke(&mut connection).await
                     })
                     .await;
-                // Only positions among the call's locks, or none is trusted.
-                let lost = lost.and_then(|lost| {
-                    match lost.iter().all(|&at| (1..=chunk.len()).contains(&at)) {
-                        true => Ok(lost),
-                        false => Err(RedisError::from((
-                            ErrorKind::Parse,
-                            "unexpected reply from the renewal script",
-                            format!("{lost:?} among the positions of {} locks", chunk.len()),
-                        ))),
-                    }
-                });
-                (chunk, lost)
+                let renewed = lost.and_then(|lost| renewed_but(&lost, chunk.len()));
+                (chunk, renewed)
             });
         }
         let mut answers: Vec<Option<Result<bool, LockError>>> = Vec::new();
         answers.resize_with(renewals.len(), || None);
-        while let Some(Ok((chunk, lost))) = calls.join_next().await {
-            for (position, i) in (1..).zip(chunk) {
-                answers[i] = Some(match &lost {
-                    Ok(lost) => Ok(!lost.contains(&position)),
+        while let Some(Ok((chunk, renewed))) = calls.join_next().await {
+            for (place, i) in chunk.into_iter().enumerate() {
+                answers[i] = Some(match &renewed {
+                    Ok(renewed) => Ok(renewed[place]),
                     Err(error) => Err(LockError::backend(renewals[i].name.key(), error.clone())),
                 });
             }
@@ -671,6 +661,26 @@ impl RedisNode {
             .await
             .map_err(|source| LockError::backend(name.key(), source))
     }
+}
+
+/// Whether each of a renewal call's `locks` locks was renewed: all but those at the
+/// `lost` positions (from 1) its script answered. Only positions among the call's
+/// locks, or none is trusted.
+fn renewed_but(lost: &[usize], locks: usize) -> redis::RedisResult<Vec<bool>> {
+    let mut renewed = vec![true; locks];
+    for &at in lost {
+        match at.checked_sub(1).and_then(|place| renewed.get_mut(place)) {
+            Some(this) => *this = false,
+            None => {
+                return Err(RedisError::from((
+                    ErrorKind::Parse,
+                    "unexpected reply from the renewal script",
+                    format!("{lost:?} among the positions of {locks} locks"),
+                )));
+            }
+        }
+    }
+    Ok(renewed)
 }
 
 /// `call` on `connection`, sent again once if the connection was found dropped
@@ -814,5 +824,24 @@ async fn warn_if_locks_may_be_evicted(connection: &mut Connection, limit: Durati
         && policy != "noeviction"
     {
         telemetry::eviction_possible(policy);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::renewed_but;
+
+    #[test]
+    fn a_renewal_call_loses_only_the_locks_at_the_positions_it_names() {
+        assert_eq!(renewed_but(&[], 3).unwrap(), [true, true, true]);
+        assert_eq!(renewed_but(&[1, 3], 3).unwrap(), [false, true, false]);
+    }
+
+    #[test]
+    fn a_position_outside_the_call_makes_its_whole_answer_untrusted() {
+        for lost in [&[0][..], &[2, 4], &[usize::MAX]] {
+            let error = renewed_but(lost, 3).unwrap_err();
+            assert!(error.to_string().contains("renewal script"), "{error}");
+        }
     }
 }
