@@ -96,16 +96,25 @@ pub(crate) fn held(since: Since, handed_on: bool, meters: &Meters) {
     let _ = (since, handed_on, meters);
 }
 
-/// The lease on `key` is known lost for good.
-pub(crate) fn lost(key: &str, meters: &Meters) {
+/// The lease on `key` is known lost for good: `taken` from its holder while it was
+/// still valid by this process's clock (Redis refused to renew it), or run out
+/// before a renewal got through.
+pub(crate) fn lost(key: &str, taken: bool, meters: &Meters) {
     #[cfg(feature = "tracing")]
-    tracing::warn!(
-        key,
-        "lock lost: its lease was refused or ran out before the holder let go"
-    );
+    match taken {
+        true => tracing::warn!(
+            key,
+            "lock lost: Redis refused to renew it while its lease was running here; as after \
+             a forced unlock, an eviction or a failover"
+        ),
+        false => tracing::warn!(
+            key,
+            "lock lost: its lease ran out before a renewal got through"
+        ),
+    }
     #[cfg(feature = "metrics")]
     meters.count(Count::Lost);
-    let _ = (key, meters);
+    let _ = (key, taken, meters);
 }
 
 /// Redis granted `key` only after the lease asked for could have run out; the
@@ -123,7 +132,11 @@ pub(crate) fn granted_late(key: &str) {
 /// The watchdog could not renew `key`'s lease; it tries again while the lease lasts.
 pub(crate) fn renewal_failed(key: &str, error: &LockError) {
     #[cfg(feature = "tracing")]
-    tracing::warn!(key, %error, "lock renewal failed; retrying while the lease lasts");
+    tracing::warn!(
+        key,
+        error = with_sources(error),
+        "lock renewal failed; retrying while the lease lasts"
+    );
     let _ = (key, error);
 }
 
@@ -131,8 +144,20 @@ pub(crate) fn renewal_failed(key: &str, error: &LockError) {
 /// the lock stays until its lease ends.
 pub(crate) fn release_failed(key: &str, error: &LockError) {
     #[cfg(feature = "tracing")]
-    tracing::warn!(key, %error, "lock release failed; the lock frees when its lease ends");
+    tracing::warn!(
+        key,
+        error = with_sources(error),
+        "lock release failed; the lock frees when its lease ends"
+    );
     let _ = (key, error);
+}
+
+/// `error` recorded as an error, so that subscribers show its sources too: the
+/// cause of a `Backend` error (no answer in time, a refused connection, an error
+/// reply) is its source, which its own message leaves out.
+#[cfg(feature = "tracing")]
+fn with_sources(error: &LockError) -> &(dyn std::error::Error + 'static) {
+    error
 }
 
 /// Redis may evict keys under memory pressure with `policy`, lock keys included.

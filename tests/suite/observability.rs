@@ -71,8 +71,8 @@ fn acquires_report_their_outcome_and_never_label_a_key() {
             .fields
             .get("key")
             .is_some_and(|key| key == "invoice:8")
-            && event.fields["message"].contains("lost")),
-        "no warning for the lost lock: {events:?}"
+            && event.fields["message"].contains("lock lost: Redis refused to renew it")),
+        "no warning that Redis took the lock: {events:?}"
     );
 
     let metrics = metrics.lock().unwrap();
@@ -164,6 +164,50 @@ fn a_hold_released_while_its_renewal_fails_is_not_reported_as_renewing() {
     assert!(
         !logged(&events, "renewal failed"),
         "a released hold was reported renewing: {events:?}"
+    );
+}
+
+#[test]
+fn renewals_that_get_no_answer_are_warned_of_with_their_cause_then_the_lease_running_out() {
+    let redis = RedisServer::start();
+    let config = ClientConfig::new().command_timeout(Duration::from_millis(200));
+    let (_, events, _) = observed(async {
+        let proxy = TcpProxy::start(redis.port()).await;
+        let client = LockClient::connect_with(&proxy.url(), config)
+            .await
+            .unwrap();
+        let renewed = LockOptions::new()
+            .lease(Duration::from_millis(900))
+            .watchdog(true);
+        let guard = client.acquire("invoice:10", &renewed).await.unwrap();
+        // Renewals, from a third of the lease in, get no answer within the bound.
+        proxy.stall_answers_after("invoice:10");
+        guard.lost().await;
+        // The keeper finds the lease run out once the renewal on its way fails too.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        proxy.resume();
+    });
+    let about: Vec<&Seen> = events
+        .iter()
+        .filter(|event| {
+            event
+                .fields
+                .get("key")
+                .is_some_and(|key| key == "invoice:10")
+        })
+        .collect();
+    let failed = about
+        .iter()
+        .find(|event| event.fields["message"].contains("renewal failed"));
+    let error = failed.map(|event| event.fields["error"].as_str());
+    assert!(
+        error.is_some_and(|error| error.contains("no answer from Redis in time")),
+        "the warning does not say why the renewal failed: {about:?}"
+    );
+    let last = about.last().map(|event| event.fields["message"].as_str());
+    assert!(
+        last.is_some_and(|last| last.contains("lock lost: its lease ran out")),
+        "the loss is not put down to the lease running out: {about:?}"
     );
 }
 
@@ -274,6 +318,17 @@ impl Visit for Seen {
     fn record_str(&mut self, field: &Field, value: &str) {
         self.fields
             .insert(field.name().to_owned(), value.to_owned());
+    }
+
+    /// The error and its sources, as a subscriber that prints errors shows them.
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        let mut shown = value.to_string();
+        let mut source = value.source();
+        while let Some(cause) = source {
+            shown.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        self.fields.insert(field.name().to_owned(), shown);
     }
 }
 

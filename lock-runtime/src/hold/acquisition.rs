@@ -179,11 +179,12 @@ impl Acquisition {
 
     /// The lease is gone for good: the client's next task in line may go to Redis.
     pub(super) fn mark_lost(&self) {
+        let taken = self.lease.is_valid();
         // The turn first: whoever the loss wakes may take the lock again at once.
         drop(self.turn().take());
         self.lease.end(Instant::now());
         if !self.lost.swap(true, Ordering::Relaxed) {
-            telemetry::lost(self.name.key(), self.holds.backend.meters());
+            telemetry::lost(self.name.key(), taken, self.holds.backend.meters());
         }
     }
 
