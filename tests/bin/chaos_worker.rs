@@ -9,7 +9,10 @@
 //! token; one ending in `/permits=<n>` is a semaphore of that many permits, and one
 //! ending in `/read-write` is taken shared, but exclusive every fourth section: those
 //! have no token, and print 0. An acquisition that fails prints
-//! `failed <key> <at ns> <what>`, `what` being the error's kind in one word.
+//! `failed <key> <at ns> <what>`, `what` being the error's kind in one word. Each
+//! warning the client logs about a key prints `warned <key> <at ns> <what>`, `what`
+//! being the message up to its first `;` and, in parentheses, the same of the error's
+//! innermost cause when the warning carries an error.
 //!
 //! Usage: `chaos-worker <keys,comma,separated> <tasks per key> <topology>`,
 //! the topology being one of `redis <url>`, `cluster <url,url,..>`,
@@ -20,6 +23,9 @@ use std::io::{Read, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata, Subscriber};
 
 const USAGE: &str = "usage: chaos-worker <key[=ms][/permits=N|/read-write],..> <tasks per key> \
                      (redis <url> | cluster <urls> | sentinel <urls> <primary name> | redlock <urls>)";
@@ -55,6 +61,73 @@ fn what_failed(error: &LockError) -> String {
         }
     };
     what.split_whitespace().collect::<Vec<_>>().join("_")
+}
+
+/// Prints the client's warnings about keys, as `warned` lines.
+struct PrintWarnings;
+
+impl Subscriber for PrintWarnings {
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        *metadata.level() <= Level::WARN
+    }
+
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn event(&self, event: &Event<'_>) {
+        let mut warning = Warning::default();
+        event.record(&mut warning);
+        if let Some(key) = warning.key {
+            let cause = warning.cause.map(|cause| format!(" ({cause})"));
+            let what = format!("{}{}", warning.message, cause.unwrap_or_default());
+            say(&format!("warned {key} {} {what}\n", nanos_now()));
+        }
+    }
+
+    fn enter(&self, _: &Id) {}
+
+    fn exit(&self, _: &Id) {}
+}
+
+/// A warning's key, and the heads of its message and of its error's innermost cause.
+#[derive(Default)]
+struct Warning {
+    key: Option<String>,
+    message: String,
+    cause: Option<String>,
+}
+
+/// What `text` says before its first `;`, on one line.
+fn head(text: &str) -> String {
+    let head = text.split(';').next().unwrap_or_default();
+    head.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+impl Visit for Warning {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "key" {
+            self.key = Some(value.to_owned());
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = head(&format!("{value:?}"));
+        }
+    }
+
+    fn record_error(&mut self, _: &Field, value: &(dyn std::error::Error + 'static)) {
+        let mut cause = value;
+        while let Some(source) = cause.source() {
+            cause = source;
+        }
+        self.cause = Some(head(&cause.to_string()));
+    }
 }
 
 /// How a key's sections take it.
@@ -117,6 +190,7 @@ async fn main() {
         std::process::exit(2);
     };
     let tasks: usize = tasks.parse().expect("tasks per key");
+    tracing::subscriber::set_global_default(PrintWarnings).expect("the only subscriber");
     // The test decides how long a run lasts, and however it ends, no worker outlives it.
     std::thread::spawn(|| {
         let _ = std::io::stdin().read_to_end(&mut Vec::new());

@@ -104,13 +104,23 @@ struct Failure {
     what: String,
 }
 
+/// A warning a worker's client logged about a key.
+#[derive(Clone)]
+struct Warning {
+    worker: usize,
+    key: String,
+    at: SystemTime,
+    what: String,
+}
+
 /// What the workers reported on `keys`: their sections, their failed acquisitions,
-/// and who is inside the slow key.
+/// their clients' warnings, and who is inside the slow key.
 #[derive(Default)]
 struct Reports {
     keys: Vec<&'static str>,
     sections: Mutex<Vec<Section>>,
     failures: Mutex<Vec<Failure>>,
+    warnings: Mutex<Vec<Warning>>,
     slow_holder: Mutex<Option<usize>>,
 }
 
@@ -199,6 +209,14 @@ impl Worker {
                         .push(parse_failure(failure));
                     continue;
                 }
+                if let Some(warning) = line.strip_prefix("warned ") {
+                    reports
+                        .warnings
+                        .lock()
+                        .unwrap()
+                        .push(parse_warning(number, warning));
+                    continue;
+                }
                 let section = parse(number, &line);
                 if section.key == SLOW_KEY {
                     let mut holder = reports.slow_holder.lock().unwrap();
@@ -239,6 +257,19 @@ fn parse_failure(line: &str) -> Failure {
         panic!("a chaos worker said `failed {line}`");
     };
     Failure {
+        key: key.to_owned(),
+        at: time(at),
+        what: what.to_owned(),
+    }
+}
+
+fn parse_warning(worker: usize, line: &str) -> Warning {
+    let fields: Vec<&str> = line.splitn(3, ' ').collect();
+    let [key, at, what] = fields[..] else {
+        panic!("a chaos worker said `warned {line}`");
+    };
+    Warning {
+        worker,
         key: key.to_owned(),
         at: time(at),
         what: what.to_owned(),
@@ -558,6 +589,7 @@ async fn run(mut servers: Servers, default_target: usize) {
 
     let sections = reports.sections.lock().unwrap().clone();
     let failures = reports.failures.lock().unwrap().clone();
+    let warnings = reports.warnings.lock().unwrap().clone();
     let history = History::new();
     let fenced = |section: &&Section| fenced_keys().any(|key| key == section.key);
     for section in sections
@@ -586,6 +618,7 @@ async fn run(mut servers: Servers, default_target: usize) {
             &reports.keys,
             &sections,
             &failures,
+            &warnings,
             &injected,
             started.elapsed().unwrap_or_default()
         )
@@ -656,6 +689,27 @@ fn tally<'a>(whats: impl Iterator<Item = &'a str>) -> Option<String> {
     (!counts.is_empty()).then(|| counts.join(", "))
 }
 
+/// What the worker's client logged about a lost section's key while the section
+/// lasted or within a lease after: each kind of warning once, in order.
+fn logged_about(section: &Section, warnings: &[Warning]) -> String {
+    let mut logged: Vec<&str> = Vec::new();
+    let about = warnings.iter().filter(|w| {
+        w.worker == section.worker
+            && w.key == section.key
+            && w.at > section.asked
+            && w.at < section.until + LEASE
+    });
+    for warning in about {
+        if !logged.contains(&warning.what.as_str()) {
+            logged.push(&warning.what);
+        }
+    }
+    match logged.is_empty() {
+        true => "nothing logged".to_owned(),
+        false => format!("logged {}", logged.join(" then ")),
+    }
+}
+
 /// The last fault that a lost section overlapped, or that ended within a lease before
 /// the section did: what made it lost, as far as timing tells. A fault that hit a
 /// worker counts for that worker's sections only.
@@ -672,13 +726,14 @@ fn cause(section: &Section, injected: &[Injected]) -> Option<Fault> {
 }
 
 /// The run in a few lines: sections held and lost by worker and key, the faults,
-/// what each key's lost sections overlapped, and how long each failover took to
-/// recover from.
+/// what each key's lost sections overlapped (with no fault near, what their worker
+/// logged), and how long each failover took to recover from.
 fn summary(
     topology: &str,
     keys: &[&str],
     sections: &[Section],
     failures: &[Failure],
+    warnings: &[Warning],
     injected: &[Injected],
     took: Duration,
 ) -> String {
@@ -746,7 +801,10 @@ fn summary(
         let causes: Vec<String> = sections
             .iter()
             .filter(|s| s.key == key && !s.held)
-            .map(|s| cause(s, injected).map_or("no fault".to_owned(), |f| format!("{f:?}")))
+            .map(|s| match cause(s, injected) {
+                Some(fault) => format!("{fault:?}"),
+                None => format!("no fault: {}", logged_about(s, warnings)),
+            })
             .collect();
         if let Some(causes) = tally(causes.iter().map(String::as_str)) {
             text.push_str(&format!(" ({causes})"));
