@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockGuard, LockOptions};
 use lock_tests::{RedisServer, TcpProxy};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use tracing::field::{Field, Visit};
@@ -172,16 +172,8 @@ fn renewals_that_get_no_answer_are_warned_of_with_their_cause_then_the_lease_run
     let redis = RedisServer::start();
     let config = ClientConfig::new().command_timeout(Duration::from_millis(200));
     let (_, events, _) = observed(async {
-        let proxy = TcpProxy::start(redis.port()).await;
-        let client = LockClient::connect_with(&proxy.url(), config)
-            .await
-            .unwrap();
-        let renewed = LockOptions::new()
-            .lease(Duration::from_millis(900))
-            .watchdog(true);
-        let guard = client.acquire("invoice:10", &renewed).await.unwrap();
-        // Renewals, from a third of the lease in, get no answer within the bound.
-        proxy.stall_answers_after("invoice:10");
+        let lease = Duration::from_millis(900);
+        let (proxy, _client, guard) = held_then_stalled(&redis, config, "invoice:10", lease).await;
         guard.lost().await;
         // The keeper finds the lease run out once the renewal on its way fails too.
         tokio::time::sleep(Duration::from_millis(600)).await;
@@ -211,9 +203,8 @@ fn renewals_that_get_no_answer_are_warned_of_with_their_cause_then_the_lease_run
     );
 }
 
-/// Holds `invoice:9` on a 3 s watchdog lease through a proxy that holds back every
-/// answer from the renewal's on (sent a third of the lease in, it is the next request
-/// for the lock), begins the release, and lets the answers through `answered` later.
+/// Holds `invoice:9` on a 3 s watchdog lease whose answers are held back from the
+/// renewal's on, begins the release, and lets the answers through `answered` later.
 /// Returns what the release did, and the events and metrics seen.
 fn released_while_renewing(
     config: ClientConfig,
@@ -222,15 +213,8 @@ fn released_while_renewing(
     let redis = RedisServer::start();
     let mut released = Ok(());
     let (_, events, metrics) = observed(async {
-        let proxy = TcpProxy::start(redis.port()).await;
-        let client = LockClient::connect_with(&proxy.url(), config)
-            .await
-            .unwrap();
-        let renewed = LockOptions::new()
-            .lease(Duration::from_secs(3))
-            .watchdog(true);
-        let guard = client.acquire("invoice:9", &renewed).await.unwrap();
-        proxy.stall_answers_after("invoice:9");
+        let lease = Duration::from_secs(3);
+        let (proxy, _client, guard) = held_then_stalled(&redis, config, "invoice:9", lease).await;
         tokio::time::sleep(Duration::from_millis(1_200)).await;
         assert!(guard.is_held());
         let releasing = tokio::spawn(guard.release());
@@ -240,6 +224,25 @@ fn released_while_renewing(
         tokio::time::sleep(Duration::from_millis(50)).await;
     });
     (released, events, metrics)
+}
+
+/// A client through a proxy of `redis`, holding `key` on a watchdog `lease`, with the
+/// proxy set to hold back every answer from the renewal's on (sent a third of the
+/// lease in, it is the next request for the lock).
+async fn held_then_stalled(
+    redis: &RedisServer,
+    config: ClientConfig,
+    key: &'static str,
+    lease: Duration,
+) -> (TcpProxy, LockClient, LockGuard) {
+    let proxy = TcpProxy::start(redis.port()).await;
+    let client = LockClient::connect_with(&proxy.url(), config)
+        .await
+        .unwrap();
+    let renewed = LockOptions::new().lease(lease).watchdog(true);
+    let guard = client.acquire(key, &renewed).await.unwrap();
+    proxy.stall_answers_after(key);
+    (proxy, client, guard)
 }
 
 /// Whether any event, at any level, was logged with `text` in its message.
