@@ -43,8 +43,9 @@ fn acquires_report_their_outcome_and_never_label_a_key() {
             .await
             .unwrap();
 
+        // Its renewal, a second in, is refused with two seconds of its lease left here.
         let renewed = LockOptions::new()
-            .lease(Duration::from_millis(300))
+            .lease(Duration::from_secs(3))
             .watchdog(true);
         let cleared = holder.acquire("invoice:8", &renewed).await.unwrap();
         assert!(waiter.force_unlock("invoice:8").await.unwrap());
