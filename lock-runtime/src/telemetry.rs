@@ -1,6 +1,7 @@
 //! What the client reports about its locks, each behind its feature: `tracing`
 //! spans and events, and `metrics` counters and histograms. Metrics are labelled by
-//! the kind of store only, never by key: keys are unbounded and may carry user data.
+//! the kind of store (and a lost lock by why), never by key: keys are unbounded and
+//! may carry user data.
 //! Without the features every call here is empty.
 
 use std::future::Future;
@@ -113,7 +114,10 @@ pub(crate) fn lost(key: &str, taken: bool, meters: &Meters) {
         ),
     }
     #[cfg(feature = "metrics")]
-    meters.count(Count::Lost);
+    meters.count(match taken {
+        true => Count::Refused,
+        false => Count::Expired,
+    });
     let _ = (key, taken, meters);
 }
 
@@ -194,7 +198,10 @@ enum Count {
     Timeouts,
     Errors,
     HandOffs,
-    Lost,
+    /// Lost: Redis refused to renew it while its lease ran here.
+    Refused,
+    /// Lost: its lease ran out before a renewal got through.
+    Expired,
 }
 
 #[cfg(feature = "metrics")]
@@ -214,13 +221,14 @@ struct Registered {
 
 #[cfg(feature = "metrics")]
 impl Count {
-    const ALL: [Count; 6] = [
+    const ALL: [Count; 7] = [
         Count::Acquired,
         Count::Busy,
         Count::Timeouts,
         Count::Errors,
         Count::HandOffs,
-        Count::Lost,
+        Count::Refused,
+        Count::Expired,
     ];
 
     fn name(self) -> &'static str {
@@ -230,7 +238,16 @@ impl Count {
             Count::Timeouts => "distributed_lock_timeouts_total",
             Count::Errors => "distributed_lock_errors_total",
             Count::HandOffs => "distributed_lock_hand_offs_total",
-            Count::Lost => "distributed_lock_lost_total",
+            Count::Refused | Count::Expired => "distributed_lock_lost_total",
+        }
+    }
+
+    fn counter(self, kind: &'static str) -> metrics::Counter {
+        let name = self.name();
+        match self {
+            Count::Refused => metrics::counter!(name, "backend" => kind, "reason" => "refused"),
+            Count::Expired => metrics::counter!(name, "backend" => kind, "reason" => "expired"),
+            _ => metrics::counter!(name, "backend" => kind),
         }
     }
 }
@@ -266,7 +283,7 @@ impl Meters {
     fn count(&self, count: Count) {
         match self.registered() {
             Some(registered) => registered.counts[count as usize].increment(1),
-            None => metrics::counter!(count.name(), "backend" => self.kind).increment(1),
+            None => count.counter(self.kind).increment(1),
         }
     }
 
@@ -285,7 +302,7 @@ impl Meters {
         let kind = self.kind;
         let registered = self.registered.get_or_init(|| Registered {
             recorder,
-            counts: Count::ALL.map(|count| metrics::counter!(count.name(), "backend" => kind)),
+            counts: Count::ALL.map(|count| count.counter(kind)),
             spreads: Spread::ALL
                 .map(|spread| metrics::histogram!(spread.name(), "backend" => kind)),
         });
@@ -335,7 +352,7 @@ mod tests {
             meters.count(Count::HandOffs);
         });
         metrics::with_local_recorder(&later, || meters.count(Count::Acquired));
-        meters.count(Count::Lost);
+        meters.count(Count::Refused);
         metrics::with_local_recorder(&first, || meters.count(Count::Acquired));
         assert_eq!(first.0.load(Ordering::Relaxed), 3);
         assert_eq!(later.0.load(Ordering::Relaxed), 1);
