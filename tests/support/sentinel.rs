@@ -236,10 +236,7 @@ impl SentinelGroup {
                 .map(|sentinel| self.view_of(sentinel))
                 .collect();
             let linked = self.replicas().all(|replica| {
-                let synced: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query(&mut replica.connection())
-                    .expect("INFO replication");
+                let synced: String = replica.ask_through_reconfiguring(&["INFO", "replication"]);
                 synced.contains("master_link_status:up")
             });
             if linked && views.iter().all(SentinelView::ready) {

@@ -317,6 +317,26 @@ impl RedisServer {
             .expect("connect to the test server")
     }
 
+    /// Sends the command `words` on a new connection, and again if the connection
+    /// drops: a Sentinel that reconfigures a server drops its clients (`CLIENT KILL
+    /// TYPE normal`), and tests look at servers while Sentinels may be doing so.
+    pub fn ask_through_reconfiguring<T: redis::FromRedisValue>(&self, words: &[&str]) -> T {
+        let mut command = redis::cmd(words[0]);
+        command.arg(&words[1..]);
+        let mut dropped = 0;
+        loop {
+            let connection = self
+                .client_for(&self.url())
+                .get_connection_with_timeout(SETUP_ANSWER_BOUND);
+            match connection.and_then(|mut connection| command.query(&mut connection)) {
+                Err(error) if error.is_connection_dropped() && dropped < 3 => dropped += 1,
+                asked => {
+                    return asked.unwrap_or_else(|error| panic!("{}: {error}", words.join(" ")));
+                }
+            }
+        }
+    }
+
     /// Which server this is, and its version: for tests of what only some servers
     /// have. A Sentinel answers with the version of its binary.
     pub fn version(&self) -> ServerVersion {
@@ -492,9 +512,7 @@ pub fn binary_serves_tls() -> bool {
 impl RedisServer {
     /// What `ROLE` names the server: `master`, `slave` (a replica) or `sentinel`.
     pub fn role(&self) -> String {
-        let role: Vec<redis::Value> = redis::cmd("ROLE")
-            .query(&mut self.connection())
-            .expect("ROLE");
+        let role: Vec<redis::Value> = self.ask_through_reconfiguring(&["ROLE"]);
         match role.first() {
             Some(redis::Value::BulkString(role)) => String::from_utf8_lossy(role).into_owned(),
             other => panic!("ROLE answered {other:?}"),
