@@ -201,6 +201,9 @@ impl SentinelGroup {
     /// again, on its port and with nothing of its old data, as a replica of the new
     /// primary, and waits until it is in sync and every Sentinel sees it up. The
     /// Sentinels would make it a replica by themselves, but only after 8 s.
+    ///
+    /// Until it is in sync, the Sentinels may fail over to it, empty, if the new
+    /// primary is slow for `down_after` on a loaded machine; then it is the primary.
     pub fn restore_old_primary(&mut self) {
         self.replica.restart();
         let () = redis::cmd("REPLICAOF")
@@ -208,7 +211,6 @@ impl SentinelGroup {
             .arg(self.primary.port())
             .query(&mut self.replica.connection())
             .expect("REPLICAOF");
-        self.replica.wait_until_in_sync(Duration::from_secs(10));
         self.wait_until_watching();
     }
 
