@@ -1,5 +1,6 @@
-//! The watchdog renews the leases that fall due together in one request, and tells
-//! each lock of the request what happened to it.
+//! The watchdog renews the leases that fall due together in one request, tells
+//! each lock of the request what happened to it, and asks again at a pace when
+//! Redis refuses.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -154,6 +155,33 @@ async fn leases_of_two_lengths_renewed_together_each_get_their_own() {
             guard.release().await.unwrap();
         }
     }
+}
+
+/// A renewal Redis refuses at once is asked again a few times a lease while the
+/// lease lasts, not as fast as the refusals come back: during an outage a short
+/// lease would otherwise cost a request and a warning a round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_renewal_is_asked_again_at_a_pace_not_in_a_loop() {
+    let redis = RedisServer::start();
+    let proxy = CountingProxy::start(redis.port()).await;
+    let client = LockClient::connect(&proxy.url()).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let options = LockOptions::new().lease(lease).watchdog(true);
+    let guard = client.acquire("refused", &options).await.unwrap();
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "default", "-evalsha", "-eval", "-fcall"])
+        .query(&mut redis.connection())
+        .unwrap();
+    proxy.take();
+    tokio::time::timeout(2 * lease, guard.lost())
+        .await
+        .expect("the lock is lost once its lease ends unrenewed");
+    // Due every 200 ms, and asked again 50 to 100 ms after a refusal.
+    let requests = proxy.take().total();
+    assert!(
+        requests <= 20,
+        "{requests} renewal requests within one {lease:?} lease while Redis refused them"
+    );
 }
 
 /// A client made and first used on a runtime that has since shut down, its watchdog

@@ -261,7 +261,9 @@ async fn renew(holds: Vec<(Arc<Acquisition>, Duration)>) {
                 drop(renewal);
                 telemetry::renewal_failed(hold.name.key(), &error);
                 let retry_every = (every / 4).max(Duration::from_millis(5));
-                hold.look_again_at(Instant::now() + retry_every);
+                // Taken up to `renewable_early` sooner, as every entry is: without it
+                // a short lease's refusal that comes back at once is asked again at once.
+                hold.look_again_at(Instant::now() + retry_every + hold.renewable_early());
             }
         }
     }
