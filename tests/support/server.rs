@@ -534,10 +534,7 @@ impl RedisServer {
     pub fn wait_until_in_sync(&self, at_most: Duration) {
         let started = Instant::now();
         loop {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query(&mut self.connection())
-                .expect("INFO replication");
+            let info: String = self.ask_through_reconfiguring(&["INFO", "replication"]);
             if info.contains("master_link_status:up") {
                 return;
             }
