@@ -27,6 +27,58 @@ mod sentinel;
 mod waiting;
 mod window;
 
+/// Calls `acquire` on `key` with `options` from 16 tasks for 1 s, while its Redis is
+/// down: each call fails with `Backend`, naming the key, and does not hang. How many
+/// calls were made.
+pub(crate) async fn acquire_while_down(
+    client: &lock_runtime::LockClient,
+    key: &'static str,
+    options: &lock_runtime::LockOptions,
+) -> u64 {
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let (client, options) = (client.clone(), options.clone());
+        callers.spawn(async move {
+            let started = tokio::time::Instant::now();
+            let mut calls = 0;
+            while started.elapsed() < std::time::Duration::from_secs(1) {
+                let called = tokio::time::Instant::now();
+                match client.acquire(key, &options).await {
+                    Err(error @ lock_runtime::LockError::Backend { .. }) => {
+                        assert_eq!(error.key(), Some(key));
+                        let waited = called.elapsed();
+                        assert!(waited < std::time::Duration::from_secs(3), "{waited:?}");
+                    }
+                    other => panic!("expected a Backend error, got {other:?}"),
+                }
+                calls += 1;
+            }
+            calls
+        });
+    }
+    callers.join_all().await.into_iter().sum()
+}
+
+/// Acquires and releases `key` with `options` once its Redis is back, trying for 5 s.
+pub(crate) async fn acquire_once_back(
+    client: &lock_runtime::LockClient,
+    key: &str,
+    options: &lock_runtime::LockOptions,
+) {
+    let started = tokio::time::Instant::now();
+    loop {
+        match client.acquire(key, options).await {
+            Ok(guard) => return guard.release().await.unwrap(),
+            Err(lock_runtime::LockError::Backend { .. })
+                if started.elapsed() < std::time::Duration::from_secs(5) =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("the client did not recover: {error}"),
+        }
+    }
+}
+
 /// A connection for the tests' own reads and writes on `redis`.
 pub(crate) async fn data(redis: &lock_tests::RedisServer) -> redis::aio::MultiplexedConnection {
     redis::Client::open(redis.url())

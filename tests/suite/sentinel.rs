@@ -3,7 +3,8 @@
 //! reports. Waiters hear releases on the new primary, and the primary takes the
 //! URL's password and database. A grant or renewal is confirmed on the server that
 //! made it, even while a primary the Sentinels failed over from lives on, and
-//! never on that primary.
+//! never on that primary. While the primary is down, the Sentinels are asked at a
+//! pace, not once per call.
 
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use lock_runtime::{ClientConfig, LockClient, LockError, LockInspector, LockOptio
 use lock_tests::SentinelGroup;
 use redis::Commands;
 use tokio::time::Instant;
+
+use crate::{acquire_once_back, acquire_while_down};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_lost_in_a_failover_is_reported_by_the_watchdog() {
@@ -510,5 +513,36 @@ async fn the_client_connects_with_the_first_sentinel_silent() {
         granting < Duration::from_millis(500),
         "the first grant took {granting:?}: it waited for the silent Sentinel"
     );
+    client.shutdown().await;
+}
+
+/// While the primary the Sentinels name is down, a client that is called all the
+/// time tries to connect at a pace, each try asking every Sentinel: not once per
+/// call, which hammered the Sentinels while they failed the primary over. Each call
+/// still fails at once with the key, and once the primary is back the client works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_primary_is_down_asks_the_sentinels_at_a_pace() {
+    let mut group = SentinelGroup::start(Duration::from_secs(60));
+    let client = LockClient::sentinel(&group.sentinel_urls(), group.name)
+        .await
+        .unwrap();
+    let options = LockOptions::new();
+    let held = client.acquire("invoice:7", &options).await.unwrap();
+    held.release().await.unwrap();
+    group.kill_primary();
+    let before: Vec<u64> = (group.sentinels.iter())
+        .map(|sentinel| sentinel.connections_received())
+        .collect();
+    let calls = acquire_while_down(&client, "invoice:7", &options).await;
+    for (sentinel, before) in group.sentinels.iter().zip(before) {
+        let made = sentinel.connections_received() - before - 1;
+        assert!(
+            made <= 40,
+            "{calls} calls in 1 s made {made} connections to a Sentinel"
+        );
+    }
+
+    group.primary.restart();
+    acquire_once_back(&client, "invoice:7", &options).await;
     client.shutdown().await;
 }

@@ -735,8 +735,39 @@ struct ReconnectingShared {
     /// Read by every call, written only to connect again: a reader is never kept
     /// waiting by another, even one whose thread is preempted while it reads.
     slot: RwLock<Slot>,
-    /// Held while connecting, so that the calls that find no connection make one.
-    connecting: tokio::sync::Mutex<()>,
+    /// Held while connecting, so that the calls that find no connection make one;
+    /// it keeps the last attempt's failure.
+    connecting: tokio::sync::Mutex<Option<FailedConnect>>,
+}
+
+/// After a connect fails, the calls that find no connection fail at once, with what
+/// it said, until this long has passed since: a client whose server is down, or whose
+/// Sentinels name a dead one, tries to connect this often at most, not once per call
+/// (each try through Sentinel opens a connection to every Sentinel, which one busy
+/// client made a thousand times a second while they were failing the primary over).
+const RECONNECT_EVERY: Duration = Duration::from_millis(100);
+
+/// A connect that failed: when, and what it said.
+struct FailedConnect {
+    at: Instant,
+    error: String,
+}
+
+impl FailedConnect {
+    /// The error for a call that found no connection within `RECONNECT_EVERY` of
+    /// this failure.
+    fn again(&self) -> RedisError {
+        RedisError::from((
+            ErrorKind::Io,
+            "not connected",
+            format!(
+                "the last try to connect, {} ms ago, failed ({}); it is tried again every {} ms at most",
+                self.at.elapsed().as_millis(),
+                self.error,
+                RECONNECT_EVERY.as_millis()
+            ),
+        ))
+    }
 }
 
 #[derive(Default)]
@@ -935,11 +966,26 @@ impl Reconnecting {
     }
 
     async fn connect(&self) -> RedisResult<Made> {
-        let shared = &self.shared;
-        let _connecting = shared.connecting.lock().await;
+        let mut failed = self.shared.connecting.lock().await;
         if let Some(made) = self.read_slot().current.clone() {
             return Ok(made);
         }
+        if let Some(failed) = &*failed
+            && failed.at.elapsed() < RECONNECT_EVERY
+        {
+            return Err(failed.again());
+        }
+        let at = Instant::now();
+        let made = self.connect_now().await;
+        *failed = made.as_ref().err().map(|error| FailedConnect {
+            at,
+            error: error.to_string(),
+        });
+        made
+    }
+
+    async fn connect_now(&self) -> RedisResult<Made> {
+        let shared = &self.shared;
         let client = match &shared.source {
             Source::Server(client) => (**client).clone(),
             Source::Sentinel(named) => named.client().await?,
