@@ -234,6 +234,10 @@ async fn main() {
                         Err(error) => {
                             let what = what_failed(&error);
                             say(&format!("failed {key} {} {what}\n", nanos_now()));
+                            // As a service would: a client whose Redis is down fails
+                            // at once, and a loop without a pause only burns the
+                            // cores the servers share with it.
+                            tokio::time::sleep(Duration::from_millis(10)).await;
                             continue;
                         }
                     };
