@@ -45,8 +45,8 @@ async fn redis_down_is_an_error_in_bound_and_up_again_works() {
 
 /// While Redis is down, a client called all the time connects at a pace, not once
 /// per call: here its port is taken by a listener that closes what it accepts, as a
-/// server that is starting up or overloaded may. Each call still fails at once, and
-/// once Redis is back the client works.
+/// server that is starting up or overloaded may. Each call still fails within the
+/// bound, naming the key, and once Redis is back the client works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_redis_is_down_connects_at_a_pace() {
     let mut redis = RedisServer::start();

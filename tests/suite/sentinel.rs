@@ -519,7 +519,8 @@ async fn the_client_connects_with_the_first_sentinel_silent() {
 /// While the primary the Sentinels name is down, a client that is called all the
 /// time tries to connect at a pace, each try asking every Sentinel: not once per
 /// call, which hammered the Sentinels while they failed the primary over. Each call
-/// still fails at once with the key, and once the primary is back the client works.
+/// still fails within the bound, naming the key, and once the primary is back the
+/// client works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_primary_is_down_asks_the_sentinels_at_a_pace() {
     let mut group = SentinelGroup::start(Duration::from_secs(60));
