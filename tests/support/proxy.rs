@@ -1,3 +1,5 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -13,6 +15,7 @@ pub struct TcpProxy {
     port: u16,
     state: watch::Sender<Flow>,
     accepting: JoinHandle<()>,
+    accepted: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -41,7 +44,10 @@ impl TcpProxy {
         let port = listener.local_addr().expect("proxy address").port();
         let (state, _) = watch::channel(Flow::default());
         let flows = state.clone();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = accepted.clone();
         let accepting = relay(listener, target_port, move |to_server, to_client| {
+            counted.fetch_add(1, Ordering::Relaxed);
             let requests = flows.clone();
             let seen = move |request: &[u8]| {
                 requests.send_if_modified(|flow| {
@@ -74,7 +80,13 @@ impl TcpProxy {
             port,
             state,
             accepting,
+            accepted,
         }
+    }
+
+    /// How many connections clients made through the proxy so far.
+    pub fn connections(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     /// `redis://127.0.0.1:<proxy port>`.

@@ -42,15 +42,11 @@ pub(crate) enum Target {
     /// subscriber connection is made from `client`, since a `ConnectionManager` does
     /// not reveal what it connects to.
     Server {
-        client: Client,
+        client: Box<Client>,
         manager: Option<ConnectionManager>,
     },
     Cluster(Vec<String>),
-    Sentinel {
-        sentinels: Vec<String>,
-        primary: String,
-        named: Arc<NamedPrimary>,
-    },
+    Sentinel(Arc<NamedPrimary>),
 }
 
 #[derive(Clone)]
@@ -79,14 +75,14 @@ impl Target {
 
     pub(crate) fn client(client: Client) -> Target {
         Target::Server {
-            client,
+            client: Box::new(client),
             manager: None,
         }
     }
 
     pub(crate) fn manager(manager: ConnectionManager, client: Client) -> Target {
         Target::Server {
-            client,
+            client: Box::new(client),
             manager: Some(manager),
         }
     }
@@ -100,12 +96,8 @@ impl Target {
         primary: &str,
         config: &ClientConfig,
     ) -> RedisResult<Target> {
-        let named = NamedPrimary::new(&sentinels, primary, ProtocolVersion::RESP2, config)?;
-        Ok(Target::Sentinel {
-            sentinels,
-            primary: primary.to_owned(),
-            named: Arc::new(named),
-        })
+        let named = NamedPrimary::new(&sentinels, primary, config)?;
+        Ok(Target::Sentinel(Arc::new(named)))
     }
 
     /// Releases are published per shard on a Cluster, so that they reach only the
@@ -113,7 +105,7 @@ impl Target {
     pub(crate) fn publish_command(&self) -> &'static str {
         match self {
             Target::Cluster(_) => "SPUBLISH",
-            Target::Server { .. } | Target::Sentinel { .. } => "PUBLISH",
+            Target::Server { .. } | Target::Sentinel(_) => "PUBLISH",
         }
     }
 
@@ -121,7 +113,7 @@ impl Target {
         match self {
             Target::Server { .. } => "redis",
             Target::Cluster(_) => "cluster",
-            Target::Sentinel { .. } => "sentinel",
+            Target::Sentinel(_) => "sentinel",
         }
     }
 
@@ -143,8 +135,8 @@ impl Target {
     /// it (`WAIT`).
     pub(crate) async fn connect_apart(&self, config: &ClientConfig) -> RedisResult<Connection> {
         let source = match self {
-            Target::Server { client, .. } => Source::Server(Box::new(client.clone())),
-            Target::Sentinel { named, .. } => Source::Sentinel(named.clone()),
+            Target::Server { client, .. } => Source::Server(client.clone()),
+            Target::Sentinel(named) => Source::Sentinel(named.clone()),
             Target::Cluster(urls) => {
                 let client = cluster_builder(urls, config).build()?;
                 return Ok(Connection::Cluster {
@@ -161,11 +153,7 @@ impl Target {
     /// How many replicas the primary has now, as the topology lists them: those the
     /// Sentinels know (down ones included), those Cluster lists for each slot's
     /// primary (failing ones included), or those connected to one server.
-    pub(crate) async fn replicas(
-        &self,
-        connection: &mut Connection,
-        config: &ClientConfig,
-    ) -> RedisResult<Replicas> {
+    pub(crate) async fn replicas(&self, connection: &mut Connection) -> RedisResult<Replicas> {
         match (self, connection) {
             (Target::Cluster(_), connection @ Connection::Cluster { .. }) => {
                 let ranges = connection.slot_ranges().await?;
@@ -174,18 +162,13 @@ impl Target {
                     .map(|range| (range.first, range.last, range.replicas));
                 Ok(Replicas::PerSlot(ranges.collect()))
             }
-            (
-                Target::Sentinel {
-                    sentinels, primary, ..
-                },
-                connection,
-            ) => {
+            (Target::Sentinel(named), connection) => {
                 // Asked at once, and the first answer taken: a silent Sentinel listed
                 // first would hold connecting for the whole bound.
                 let mut asked = tokio::task::JoinSet::new();
-                for url in sentinels {
-                    let (url, primary, config) = (url.clone(), primary.clone(), config.clone());
-                    asked.spawn(async move { sentinel_replicas(&url, &primary, &config).await });
+                for sentinel in named.sentinels() {
+                    let (mut sentinel, primary) = (sentinel.clone(), named.name.clone());
+                    asked.spawn(async move { sentinel_replicas(&mut sentinel, &primary).await });
                 }
                 while let Some(answer) = asked.join_next().await {
                     if let Ok(Ok(count)) = answer {
@@ -217,10 +200,10 @@ impl Target {
                 limit: config.command_timeout,
             }),
             Target::Server { client, .. } => Ok(Connection::Own(Reconnecting::commands(
-                Source::Server(Box::new(client.clone())),
+                Source::Server(client.clone()),
                 config,
             ))),
-            Target::Cluster(_) | Target::Sentinel { .. } => Err(RedisError::from((
+            Target::Cluster(_) | Target::Sentinel(_) => Err(RedisError::from((
                 ErrorKind::InvalidClientConfig,
                 "only a single server connects lazily",
             ))),
@@ -258,10 +241,8 @@ impl Target {
                     limit: config.command_timeout,
                 })
             }
-            Target::Sentinel {
-                sentinels, primary, ..
-            } => {
-                let named = NamedPrimary::new(sentinels, primary, ProtocolVersion::RESP3, config)?;
+            Target::Sentinel(named) => {
+                let named = named.speaking(ProtocolVersion::RESP3);
                 let (dropped, drops) = tokio::sync::mpsc::unbounded_channel();
                 let pushes = move |push: PushInfo| {
                     if push.kind == PushKind::Disconnection {
@@ -538,18 +519,16 @@ fn slot_ranges(slots: Value) -> RedisResult<Vec<SlotRange>> {
         .collect()
 }
 
-/// A client for the Sentinel at `url`. A Sentinel has no databases: the URL's is the
-/// primary's.
-fn sentinel_node(url: &str, config: &ClientConfig) -> RedisResult<Client> {
+/// A connection to the Sentinel at `url`, made on first use. A Sentinel has no
+/// databases: the URL's is the primary's.
+fn to_sentinel(url: &str, config: &ClientConfig) -> RedisResult<Connection> {
     let info = url.into_connection_info()?;
     let settings = info.redis_settings().clone().set_db(0);
-    open(info.set_redis_settings(settings), config)
-}
-
-/// A connection to the Sentinel at `url`, made on first use.
-pub(crate) fn to_sentinel(url: &str, config: &ClientConfig) -> RedisResult<Connection> {
-    let sentinel = Source::Server(Box::new(sentinel_node(url, config)?));
-    Ok(Connection::Own(Reconnecting::commands(sentinel, config)))
+    let sentinel = open(info.set_redis_settings(settings), config)?;
+    Ok(Connection::Own(Reconnecting::commands(
+        Source::Server(Box::new(sentinel)),
+        config,
+    )))
 }
 
 /// The replicas connected to the primary now, from `ROLE`.
@@ -561,16 +540,11 @@ async fn connected_replicas(connection: &mut Connection) -> RedisResult<usize> {
     }
 }
 
-/// How many replicas the Sentinel at `url` lists for `primary`.
-async fn sentinel_replicas(url: &str, primary: &str, config: &ClientConfig) -> RedisResult<usize> {
-    let mut sentinel = sentinel_node(url, config)?
-        .get_multiplexed_async_connection_with_config(&connection_config(config))
-        .await?;
-    let replicas: Vec<Value> = redis::cmd("SENTINEL")
-        .arg("REPLICAS")
-        .arg(primary)
-        .query_async(&mut sentinel)
-        .await?;
+/// How many replicas `sentinel` lists for `primary`.
+async fn sentinel_replicas(sentinel: &mut Connection, primary: &str) -> RedisResult<usize> {
+    let mut replicas = redis::cmd("SENTINEL");
+    replicas.arg("REPLICAS").arg(primary);
+    let replicas: Vec<Value> = sentinel.query(&replicas).await?;
     Ok(replicas.len())
 }
 
@@ -737,14 +711,14 @@ struct ReconnectingShared {
     slot: RwLock<Slot>,
     /// Held while connecting, so that the calls that find no connection make one;
     /// it keeps the last attempt's failure.
-    connecting: tokio::sync::Mutex<Option<FailedConnect>>,
+    connecting: Arc<tokio::sync::Mutex<Option<FailedConnect>>>,
 }
 
 /// After a connect fails, the calls that find no connection fail at once, with what
 /// it said, until this long has passed since: a client whose server is down, or whose
 /// Sentinels name a dead one, tries to connect this often at most, not once per call
-/// (each try through Sentinel opens a connection to every Sentinel, which one busy
-/// client made a thousand times a second while they were failing the primary over).
+/// (each try through Sentinel asks every Sentinel, which one busy client did a
+/// thousand times a second while they were failing the primary over).
 const RECONNECT_EVERY: Duration = Duration::from_millis(100);
 
 /// A connect that failed: when, and what it said.
@@ -919,7 +893,7 @@ impl Reconnecting {
                 limit: config.command_timeout,
                 probing: AtomicBool::new(false),
                 slot: RwLock::default(),
-                connecting: tokio::sync::Mutex::default(),
+                connecting: Arc::default(),
             }),
         }
     }
@@ -965,8 +939,11 @@ impl Reconnecting {
         self.check(answer, number)
     }
 
+    /// Connects on a task of its own, which ends within the bound: a caller that stops
+    /// waiting (a `JoinSet` of questions to Sentinels dropped once one answered)
+    /// would otherwise drop a connection half made, and the next call make another.
     async fn connect(&self) -> RedisResult<Made> {
-        let mut failed = self.shared.connecting.lock().await;
+        let mut failed = self.shared.connecting.clone().lock_owned().await;
         if let Some(made) = self.read_slot().current.clone() {
             return Ok(made);
         }
@@ -975,13 +952,23 @@ impl Reconnecting {
         {
             return Err(failed.again());
         }
-        let at = Instant::now();
-        let made = self.connect_now().await;
-        *failed = made.as_ref().err().map(|error| FailedConnect {
-            at,
-            error: error.to_string(),
+        let connecting = self.clone();
+        let made = tokio::spawn(async move {
+            let at = Instant::now();
+            let made = bounded(connecting.shared.limit, connecting.connect_now()).await;
+            *failed = made.as_ref().err().map(|error| FailedConnect {
+                at,
+                error: error.to_string(),
+            });
+            made
         });
-        made
+        made.await.unwrap_or_else(|stopped| {
+            Err(RedisError::from((
+                ErrorKind::Io,
+                "connecting stopped",
+                stopped.to_string(),
+            )))
+        })
     }
 
     async fn connect_now(&self) -> RedisResult<Made> {
@@ -1340,10 +1327,15 @@ pub(crate) async fn named_by(
 }
 
 /// The primary the Sentinels name, found again at each connect.
+#[derive(Clone)]
 pub(crate) struct NamedPrimary {
     /// The name the Sentinels know it by.
-    name: String,
-    sentinels: Vec<Client>,
+    pub(crate) name: String,
+    /// Kept open, and shared by every connection made through them and by the
+    /// replication rounds: asking again which primary to reach, as a client does
+    /// ten times a second while its primary is down, costs each Sentinel a
+    /// request, not a connection.
+    sentinels: Vec<Connection>,
     /// The first Sentinel URL, with the protocol to speak: the primary takes its
     /// user, password and database, as deployments that protect both with one
     /// password expect, and TLS when it is `rediss://`.
@@ -1352,25 +1344,33 @@ pub(crate) struct NamedPrimary {
 }
 
 impl NamedPrimary {
-    fn new(
-        sentinels: &[String],
-        name: &str,
-        protocol: ProtocolVersion,
-        config: &ClientConfig,
-    ) -> RedisResult<NamedPrimary> {
+    fn new(sentinels: &[String], name: &str, config: &ClientConfig) -> RedisResult<NamedPrimary> {
         let first = sentinels
             .first()
             .ok_or_else(|| RedisError::from((ErrorKind::InvalidClientConfig, "no Sentinel URL")))?;
-        let node = first.as_str().into_connection_info()?;
-        let settings = node.redis_settings().clone().set_protocol(protocol);
-        Ok(NamedPrimary {
+        let named = NamedPrimary {
             name: name.to_owned(),
             sentinels: (sentinels.iter())
-                .map(|url| sentinel_node(url, config))
+                .map(|url| to_sentinel(url, config))
                 .collect::<RedisResult<_>>()?,
-            node: node.set_redis_settings(settings),
+            node: first.as_str().into_connection_info()?,
             config: config.clone(),
-        })
+        };
+        Ok(named.speaking(ProtocolVersion::RESP2))
+    }
+
+    /// The same primary, reached speaking `protocol`, through the same Sentinel
+    /// connections.
+    fn speaking(&self, protocol: ProtocolVersion) -> NamedPrimary {
+        let settings = self.node.redis_settings().clone().set_protocol(protocol);
+        NamedPrimary {
+            node: self.node.clone().set_redis_settings(settings),
+            ..self.clone()
+        }
+    }
+
+    pub(crate) fn sentinels(&self) -> &[Connection] {
+        &self.sentinels
     }
 
     /// Asks every Sentinel at once and takes the first server named that answers
@@ -1405,17 +1405,11 @@ impl NamedPrimary {
     /// timeouts: the outer result says whether the Sentinel answered, the inner one
     /// whether what it named is a primary to reach.
     async fn named_by(&self, index: usize) -> RedisResult<RedisResult<Client>> {
-        let connecting = connection_config(&self.config);
         let within = self.config.connect_timeout + self.config.command_timeout;
         let ask = async {
-            let answer = async {
-                let mut sentinel = (self.sentinels[index])
-                    .get_multiplexed_async_connection_with_config(&connecting)
-                    .await?;
-                named_by(&mut sentinel, &self.name).await
-            };
-            match answer.await {
-                Ok(named) => Ok(self.primary_at(named, &connecting).await),
+            let mut sentinel = self.sentinels[index].clone();
+            match named_by(&mut sentinel, &self.name).await {
+                Ok(named) => Ok(self.primary_at(named).await),
                 Err(unreachable) if unreachable.is_io_error() => Err(unreachable),
                 Err(refused) => Ok(Err(refused)),
             }
@@ -1426,11 +1420,7 @@ impl NamedPrimary {
     /// A client for the server a Sentinel named, once it answers `ROLE` as a
     /// primary and the Sentinel is not failing it over: a primary frozen through a
     /// failover answers as one once thawed, with whatever it was sent while frozen.
-    async fn primary_at(
-        &self,
-        named: Named,
-        connecting: &AsyncConnectionConfig,
-    ) -> RedisResult<Client> {
+    async fn primary_at(&self, named: Named) -> RedisResult<Client> {
         let not_yet = |why| Err(RedisError::from((ErrorKind::Io, why)));
         if named.failing_over {
             return not_yet("a Sentinel is failing the primary over");
@@ -1451,7 +1441,7 @@ impl NamedPrimary {
         };
         let primary = open(self.node.clone().set_addr(addr), &self.config)?;
         let mut connection = primary
-            .get_multiplexed_async_connection_with_config(connecting)
+            .get_multiplexed_async_connection_with_config(&connection_config(&self.config))
             .await?;
         let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut connection).await?;
         match role.first() {

@@ -535,7 +535,7 @@ impl RedisNode {
         for (index, renewing) in renewals.iter().enumerate() {
             let slot = match self.target {
                 Target::Cluster(_) => slot(renewing.name.hash()),
-                Target::Server { .. } | Target::Sentinel { .. } => 0,
+                Target::Server { .. } | Target::Sentinel(_) => 0,
             };
             calls_by_slot_and_lease
                 .entry((slot, lease_ms(renewing.lease)))

@@ -183,7 +183,7 @@ impl Replication {
         let required = match config.replicas {
             Some(count) => Required::Configured(count),
             None => {
-                let listing = bounded(config.command_timeout, target.replicas(main, config));
+                let listing = bounded(config.command_timeout, target.replicas(main));
                 Required::Listed(listing.await.map_err(|source| {
                     if source.code() != Some("NOPERM") {
                         return unreachable(source);

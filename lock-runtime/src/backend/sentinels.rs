@@ -13,7 +13,7 @@ use std::time::Duration;
 use redis::{ConnectionAddr, RedisError, RedisResult};
 use tokio::task::JoinSet;
 
-use super::connection::{Connection, Named, Target, bounded, named_by, to_sentinel};
+use super::connection::{Connection, Named, Target, bounded, named_by};
 use crate::{ClientConfig, LockError};
 
 pub(crate) struct Sentinels {
@@ -44,17 +44,17 @@ impl Sentinels {
         target: &Target,
         config: &ClientConfig,
     ) -> Result<Option<Arc<Sentinels>>, LockError> {
-        let Target::Sentinel {
-            sentinels, primary, ..
-        } = target
-        else {
+        let Target::Sentinel(named) = target else {
             return Ok(None);
         };
         let sentinels = Arc::new(Sentinels {
-            primary: primary.clone(),
-            sentinels: (sentinels.iter())
-                .map(|url| Ok(Sentinel::new(to_sentinel(url, config)?)))
-                .collect::<RedisResult<_>>()?,
+            primary: named.name.clone(),
+            sentinels: named
+                .sentinels()
+                .iter()
+                .cloned()
+                .map(Sentinel::new)
+                .collect(),
             limit: config.command_timeout,
         });
         let mut asked = sentinels.question_each(0..sentinels.sentinels.len());
