@@ -525,12 +525,8 @@ async fn the_client_connects_with_the_first_sentinel_silent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_primary_is_down_asks_the_sentinels_over_kept_connections() {
     let mut group = SentinelGroup::start(Duration::from_secs(60));
-    let mut proxies = Vec::new();
-    for sentinel in &group.sentinels {
-        proxies.push(TcpProxy::start(sentinel.port()).await);
-    }
+    let (proxies, urls) = proxied_sentinels(&group).await;
     proxies[2].delay_answers(Duration::from_millis(200));
-    let urls: Vec<String> = proxies.iter().map(TcpProxy::url).collect();
     // No replication rounds: they would wait for the slow Sentinel, and so connect
     // to it before the primary goes down.
     let config = ClientConfig::new().replicas(0);
@@ -552,5 +548,54 @@ async fn a_client_whose_primary_is_down_asks_the_sentinels_over_kept_connections
 
     group.primary.restart();
     acquire_once_back(&client, "invoice:7", &options).await;
+    client.shutdown().await;
+}
+
+/// A proxy in front of each of `group`'s Sentinels, to count the connections made
+/// to it, and the proxies' URLs.
+async fn proxied_sentinels(group: &SentinelGroup) -> (Vec<TcpProxy>, Vec<String>) {
+    let mut proxies = Vec::new();
+    for sentinel in &group.sentinels {
+        proxies.push(TcpProxy::start(sentinel.port()).await);
+    }
+    let urls = proxies.iter().map(TcpProxy::url).collect();
+    (proxies, urls)
+}
+
+/// A Sentinel frozen while the primary is down (it takes connections and never
+/// answers) is not given a connection per try either: its kept connection is
+/// forgotten once it leaves a probe unanswered for the bound, and a new one is tried
+/// at most once per bound, not ten times a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_sentinel_is_not_given_a_connection_per_try() {
+    let mut group = SentinelGroup::start(Duration::from_secs(60));
+    let (proxies, urls) = proxied_sentinels(&group).await;
+    let bound = Duration::from_millis(500);
+    let config = (ClientConfig::new().replicas(0))
+        .connect_timeout(bound)
+        .command_timeout(bound);
+    let client = LockClient::sentinel_with(&urls, group.name, config)
+        .await
+        .unwrap();
+    let options = LockOptions::new();
+    let held = client.acquire("invoice:8", &options).await.unwrap();
+    held.release().await.unwrap();
+    group.sentinels[2].freeze();
+    group.kill_primary();
+    let mut calls = 0;
+    for _ in 0..3 {
+        calls += acquire_while_down(&client, "invoice:8", &options).await;
+    }
+    group.sentinels[2].thaw();
+    // The one kept from before, then one try per bound and pace (0.6 s): 6 in 3 s,
+    // where a try per call made 32.
+    let made = proxies[2].connections();
+    assert!(
+        made <= 8,
+        "{calls} calls in 3 s made {made} connections to the frozen Sentinel"
+    );
+
+    group.primary.restart();
+    acquire_once_back(&client, "invoice:8", &options).await;
     client.shutdown().await;
 }
