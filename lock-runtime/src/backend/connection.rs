@@ -166,7 +166,7 @@ impl Target {
                 // Asked at once, and the first answer taken: a silent Sentinel listed
                 // first would hold connecting for the whole bound.
                 let mut asked = tokio::task::JoinSet::new();
-                for sentinel in named.sentinels() {
+                for sentinel in &named.sentinels {
                     let (mut sentinel, primary) = (sentinel.clone(), named.name.clone());
                     asked.spawn(async move { sentinel_replicas(&mut sentinel, &primary).await });
                 }
@@ -1335,7 +1335,7 @@ pub(crate) struct NamedPrimary {
     /// replication rounds: asking again which primary to reach, as a client does
     /// ten times a second while its primary is down, costs each Sentinel a
     /// request, not a connection.
-    sentinels: Vec<Connection>,
+    pub(crate) sentinels: Vec<Connection>,
     /// The first Sentinel URL, with the protocol to speak: the primary takes its
     /// user, password and database, as deployments that protect both with one
     /// password expect, and TLS when it is `rediss://`.
@@ -1367,10 +1367,6 @@ impl NamedPrimary {
             node: self.node.clone().set_redis_settings(settings),
             ..self.clone()
         }
-    }
-
-    pub(crate) fn sentinels(&self) -> &[Connection] {
-        &self.sentinels
     }
 
     /// Asks every Sentinel at once and takes the first server named that answers

@@ -49,12 +49,7 @@ impl Sentinels {
         };
         let sentinels = Arc::new(Sentinels {
             primary: named.name.clone(),
-            sentinels: named
-                .sentinels()
-                .iter()
-                .cloned()
-                .map(Sentinel::new)
-                .collect(),
+            sentinels: named.sentinels.iter().cloned().map(Sentinel::new).collect(),
             limit: config.command_timeout,
         });
         let mut asked = sentinels.question_each(0..sentinels.sentinels.len());
