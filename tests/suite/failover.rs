@@ -3,8 +3,11 @@
 //! only once a replica has it (the default) never believes it holds a lock that
 //! the promoted replica then grants to another client, whatever the kind: a lock, a
 //! shared hold, a semaphore's permit. A client that opts out with `replicas(0)`
-//! does, beside it in the same failover: the fault is real.
+//! does, beside it in the same failover: the fault is real. A planned failover,
+//! with the old primary alive throughout, costs no lock held through it.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use lock_runtime::history::{History, Holding};
@@ -62,6 +65,18 @@ impl Failover {
                 *shard = cluster.promote_replica(*shard, *slot, at_most);
                 cluster.restore_old_primary(*shard);
             }
+        }
+    }
+
+    /// A planned failover: the replica takes over while the primary lives on.
+    fn switch_over(&mut self) {
+        match self {
+            Failover::Sentinel(group) => group.switch_over(),
+            Failover::Cluster {
+                cluster,
+                shard,
+                slot,
+            } => *shard = cluster.switch_over(*shard, *slot),
         }
     }
 }
@@ -365,4 +380,131 @@ async fn cluster_counts_no_grant_whose_primary_died_while_its_replica_was_asked(
             );
         }
     }
+}
+
+/// A planned failover, as an operator makes one before maintenance, costs no lock.
+/// A lock held through it, on a lease shorter than the switch takes, is kept by its
+/// watchdog; a client waiting for it meanwhile gets it once it is released, with a
+/// greater fencing token; and two clients taking turns on another key go on
+/// throughout, never together, each section granted within its budget.
+async fn a_planned_failover_loses_no_lock(mut failover: Failover, key: &str, busy_key: &str) {
+    let holder = failover.client(ClientConfig::new()).await;
+    let waiter = failover.client(ClientConfig::new()).await;
+    let lease = Duration::from_secs(9);
+    let options = LockOptions::new().lease(lease).watchdog(true).fencing(true);
+    let held = holder.acquire(key, &options).await.unwrap();
+    let first_token = held.fencing_token().expect("a fencing token");
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.to_owned());
+        let options = options.clone().timeout(Duration::from_secs(120));
+        tokio::spawn(async move { waiter.acquire(&key, &options).await })
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let turns = [(holder.clone(), "holder"), (waiter, "waiter")].map(|(client, name)| {
+        let turns = taking_turns(client, name, busy_key.to_owned(), stop.clone());
+        tokio::spawn(turns)
+    });
+
+    // Sections before the switch, so that the pause it makes is measured from one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let switching = Instant::now();
+    block_in_place(|| failover.switch_over());
+    let switched_in = switching.elapsed();
+    tokio::time::sleep(lease).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut sections = Vec::new();
+    for turns in turns {
+        sections.extend(turns.await.expect("sections went on through the switch"));
+    }
+    let history = History::new();
+    sections
+        .iter()
+        .cloned()
+        .for_each(|held| history.record(held));
+    history
+        .check()
+        .unwrap_or_else(|violation| panic!("{violation}"));
+    assert!(
+        held.is_held(),
+        "the lock held through a planned failover of {switched_in:?} was lost"
+    );
+    assert!(
+        !waiting.is_finished(),
+        "the waiter's acquire ended while the lock was held: {:?}",
+        waiting.await
+    );
+    held.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter got the lock within 5 s of its release")
+        .unwrap()
+        .expect("the waiter got the lock");
+    assert!(next.fencing_token().expect("a fencing token") > first_token);
+    next.release().await.unwrap();
+
+    sections.sort_by_key(|section| section.from);
+    let longest_pause = sections
+        .windows(2)
+        .filter_map(|pair| pair[1].from.duration_since(pair[0].until).ok())
+        .max()
+        .unwrap_or_default();
+    eprintln!(
+        "a planned failover of {switched_in:?}: {} sections, the longest pause between two \
+         {longest_pause:?}",
+        sections.len()
+    );
+}
+
+/// `client`'s sections on `key`, each granted within its budget, until `stop`.
+async fn taking_turns(
+    client: LockClient,
+    name: &'static str,
+    key: String,
+    stop: Arc<AtomicBool>,
+) -> Vec<Holding> {
+    let options = LockOptions::new().timeout(Duration::from_secs(10));
+    let mut sections = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let guard = (client.acquire(&key, &options).await)
+            .unwrap_or_else(|error| panic!("the {name}'s section: {error}"));
+        let from = SystemTime::now();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let until = SystemTime::now();
+        if guard.is_held() {
+            sections.push(Holding {
+                holder: name.to_owned(),
+                key: key.clone(),
+                from,
+                until,
+                fence: None,
+            });
+        }
+        let _ = guard.release().await;
+    }
+    sections
+}
+
+/// With two replicas: the Sentinels move the one they do not promote to the new
+/// primary as they fail over, so that grants are confirmed there at once. (With
+/// one, the new primary has no replica until they demote the old primary, some
+/// 10 s later, and no grant is confirmed meanwhile.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_loses_no_lock_in_a_planned_failover() {
+    let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
+    a_planned_failover_loses_no_lock(Failover::Sentinel(Box::new(group)), "payroll", "invoices")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_loses_no_lock_in_a_planned_failover() {
+    let cluster = RedisCluster::start();
+    let key = "payroll";
+    let slot = cluster.slot_of(key);
+    let shard = cluster.shard_for(slot);
+    let failover = Failover::Cluster {
+        cluster,
+        shard,
+        slot,
+    };
+    a_planned_failover_loses_no_lock(failover, key, "{payroll}:invoices").await;
 }

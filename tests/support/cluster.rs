@@ -174,8 +174,28 @@ impl RedisCluster {
     /// its Cluster identity; the Cluster makes it a replica of the new primary.
     /// Waits until it is in sync and every node is fine.
     pub fn restore_old_primary(&mut self, shard: Shard) {
-        let old = &mut self.servers[shard.replica];
-        old.restart();
+        self.servers[shard.replica].restart();
+        self.wait_until_replica_in_sync(shard);
+    }
+
+    /// A planned failover of `shard`, as an operator makes one before maintenance:
+    /// `CLUSTER FAILOVER` on the replica, which has the primary pause its writers
+    /// until the replica has all it wrote, and then takes `slot` over; the old
+    /// primary becomes its replica. Waits until every node serves `slot` from the
+    /// new primary and the old one is in sync, and returns the shard as it is now.
+    pub fn switch_over(&self, shard: Shard, slot: u16) -> Shard {
+        let () = redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .query(&mut self.servers[shard.replica].connection())
+            .expect("CLUSTER FAILOVER");
+        let shard = self.promote_replica(shard, slot, Duration::from_secs(30));
+        self.wait_until_replica_in_sync(shard);
+        shard
+    }
+
+    /// Waits until `shard`'s replica replicates, in sync, and every node is fine.
+    fn wait_until_replica_in_sync(&self, shard: Shard) {
+        let old = &self.servers[shard.replica];
         let started = Instant::now();
         while old.role() != "slave" {
             assert!(

@@ -13,7 +13,8 @@ pub struct SentinelGroup {
     /// [`start_with_replicas`](Self::start_with_replicas) or
     /// [`start_with_a_replica_left_behind`](Self::start_with_a_replica_left_behind).
     /// The helpers that fail over take `replica` for the one promoted, so they are for
-    /// groups without.
+    /// groups without, but for [`switch_over`](Self::switch_over), which takes the one
+    /// the Sentinels promote.
     pub more_replicas: Vec<RedisServer>,
     pub sentinels: Vec<RedisServer>,
 }
@@ -214,6 +215,29 @@ impl SentinelGroup {
         self.wait_until_watching();
     }
 
+    /// A planned failover, as an operator makes one before maintenance: `SENTINEL
+    /// FAILOVER` promotes a replica while the primary lives on, answering as one
+    /// until the Sentinels demote it, seconds later, and drop its clients. Waits
+    /// until then, and until the old primary replicates the new one in sync, and
+    /// takes the promoted replica for the primary.
+    pub fn switch_over(&mut self) {
+        let old_port = self.primary.port();
+        let () = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(self.name)
+            .query(&mut self.sentinels[0].connection())
+            .expect("SENTINEL FAILOVER");
+        let started = Instant::now();
+        while !self.take_promoted() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the Sentinels did not switch over from port {old_port} within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.wait_until_watching();
+    }
+
     /// A whole failover: kills the primary, waits for the Sentinels to promote the
     /// replica, and brings the old primary back as its replica.
     pub fn fail_over(&mut self) {
@@ -259,6 +283,18 @@ impl SentinelGroup {
     /// clients find the new primary; a `REPLICAOF` from here would leave them
     /// writing to a replica.
     fn follow_the_sentinels(&mut self) {
+        let old_port = self.primary.port();
+        if self.take_promoted() {
+            eprintln!(
+                "the Sentinels failed over from port {old_port} to {} on their own",
+                self.primary.port()
+            );
+        }
+    }
+
+    /// Takes the replica every Sentinel names for the primary, if one is named, and
+    /// says whether one was.
+    fn take_promoted(&mut self) -> bool {
         let (sentinels, name) = (&self.sentinels, self.name);
         let named = |replica: &&mut RedisServer| {
             let port = Some(replica.port());
@@ -267,14 +303,11 @@ impl SentinelGroup {
                 .all(|sentinel| primary_named_by(sentinel, name) == port)
         };
         let mut replicas = std::iter::once(&mut self.replica).chain(&mut self.more_replicas);
-        if let Some(promoted) = replicas.find(named) {
-            eprintln!(
-                "the Sentinels failed over from port {} to {} on their own",
-                self.primary.port(),
-                promoted.port()
-            );
-            std::mem::swap(&mut self.primary, promoted);
-        }
+        let Some(promoted) = replicas.find(named) else {
+            return false;
+        };
+        std::mem::swap(&mut self.primary, promoted);
+        true
     }
 
     /// What `sentinel` knows of this group.
