@@ -276,6 +276,56 @@ async fn with_two_replicas_a_held_lock_outlives_an_old_primary_that_lives_on() {
     held.release().await.unwrap();
 }
 
+/// A planned failover (`SENTINEL FAILOVER`) leaves the old primary answering as one
+/// for seconds, and a release it answers frees nothing on the new primary. The
+/// release is sent again there once the Sentinels name it, so a client waiting for
+/// the lock gets it within moments, not once the lease left on the new primary ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_old_primary_answered_is_sent_again_to_the_new_one() {
+    let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
+    let connect = || LockClient::sentinel(group.sentinel_urls(), group.name);
+    let (holder, waiter) = (connect().await.unwrap(), connect().await.unwrap());
+    // A fixed lease: no renewal takes the holder to the new primary before it releases.
+    let lease = Duration::from_secs(20);
+    let held = holder
+        .acquire("nightly-export", &LockOptions::new().lease(lease))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let patient = LockOptions::new().timeout(lease + Duration::from_secs(5));
+        let acquired = waiter.acquire("nightly-export", &patient).await;
+        acquired.map(|guard| (guard, Instant::now()))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let old_primary = group.primary.port();
+    let () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(group.name)
+        .query(&mut group.sentinels[0].connection())
+        .unwrap();
+    let started = Instant::now();
+    while (0..3).any(|index| group.primary_port_named_by(index) == old_primary) {
+        assert!(started.elapsed() < Duration::from_secs(30), "no failover");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        group.primary.role(),
+        "master",
+        "the Sentinels demoted the old primary before the test could look"
+    );
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (next, got_at) = waiting.await.unwrap().expect("the waiter got the lock");
+    let waited = got_at.duration_since(released_at);
+    assert!(
+        waited < Duration::from_secs(5),
+        "the waiter got the lock {waited:?} after its release: the release stayed on the \
+         old primary, and the new one kept the lock for its lease"
+    );
+    next.release().await.unwrap();
+}
+
 /// A primary the Sentinels failed over from that lives on (frozen past down-after,
 /// then thawed) answers as a primary until they demote it, and a replica they have
 /// not moved yet still acknowledges what it writes. A client idle through the

@@ -719,7 +719,7 @@ struct ReconnectingShared {
 /// Sentinels name a dead one, tries to connect this often at most, not once per call
 /// (each try through Sentinel asks every Sentinel, which one busy client did a
 /// thousand times a second while they were failing the primary over).
-const RECONNECT_EVERY: Duration = Duration::from_millis(100);
+pub(crate) const RECONNECT_EVERY: Duration = Duration::from_millis(100);
 
 /// A connect that failed: when, and what it said.
 struct FailedConnect {

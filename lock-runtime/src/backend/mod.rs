@@ -297,13 +297,15 @@ impl Backend {
 
     /// Frees `name` if `token` holds it, or with `keep`, leaves it held by nobody for
     /// that long; the request completes on `runtime` even if the caller goes, and
-    /// then `after` sees what it did.
+    /// then `after` sees what it did. Through Sentinel, a release is then checked
+    /// with them in the background, for at most `lease`.
     pub(crate) fn release_finishing(
         self: &Arc<Self>,
         runtime: &Handle,
         name: LockName,
         token: Arc<str>,
         keep: Option<Duration>,
+        lease: Duration,
         after: impl FnOnce(&Result<Released, LockError>) + Send + 'static,
     ) -> Finishing<Result<Released, LockError>, NothingMore> {
         let backend = self.clone();
@@ -317,9 +319,30 @@ impl Backend {
                 None => backend.release(&name, &token).await,
             };
             after(&released);
+            if keep.is_none() && released.is_ok() {
+                backend.check_release(name, token, lease);
+            }
             released
         });
         self.background.finishing(runtime, request, NothingMore)
+    }
+
+    /// Through Sentinel, has the release `token` just had on `name` sent again until
+    /// they vouch for the server that answered it (`RedisNode::release_where_named`).
+    fn check_release(self: &Arc<Self>, name: LockName, token: Arc<str>, lease: Duration) {
+        let Store::Redis(node) = &self.store else {
+            return;
+        };
+        let (Some(reached), Ok(runtime)) = (node.releases_at(), Handle::try_current()) else {
+            return;
+        };
+        let backend = self.clone();
+        self.background.spawn_on(&runtime, async move {
+            if let Store::Redis(node) = &backend.store {
+                node.release_where_named(&name, &token, reached, lease)
+                    .await;
+            }
+        });
     }
 
     /// Resets the lease to `lease` from now if `token` still holds the lock.

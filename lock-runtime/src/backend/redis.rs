@@ -4,11 +4,12 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{Cmd, ErrorKind, RedisError};
+use redis::{Cmd, ConnectionAddr, ErrorKind, RedisError};
 use tokio::sync::OnceCell;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
-use super::connection::{Connection, LuaScript, ScriptCall, Target, bounded};
+use super::connection::{Connection, LuaScript, RECONNECT_EVERY, ScriptCall, Target, bounded};
 use super::replication::{Confirmed, Replication};
 use super::signals::Signals;
 use super::{Attempt, CLAIM_WINDOW, Queue, Released, Renewing, Waiters, lease_ms, renewal_answers};
@@ -342,6 +343,39 @@ impl RedisNode {
         }
         // Boxed, as the rarer way: its state would weigh on every release's future.
         Box::pin(self.leave(name, token, waiters)).await
+    }
+
+    /// Through Sentinel, where the next request goes now: the server whose answer to
+    /// a release [`release_where_named`](Self::release_where_named) checks.
+    /// Elsewhere `None`, as there is nothing to check.
+    pub(crate) fn releases_at(&self) -> Option<Option<ConnectionAddr>> {
+        let follows = matches!(self.target, Target::Sentinel(_)) && self.replication.is_some();
+        follows.then(|| self.connection.reached())
+    }
+
+    /// Through Sentinel, a release counts once they vouch for the server that
+    /// answered it, `reached`: a primary they failed over from answers as one until
+    /// they demote it, seconds later, and the lock it frees is still held on the new
+    /// primary, for the rest of its lease. Until they vouch for the server that
+    /// answers it, the release is sent again, to the primary they name by then, for
+    /// `within` at most: the lease, past which no copy of the lock is left.
+    pub(crate) async fn release_where_named(
+        &self,
+        name: &LockName,
+        token: &str,
+        mut reached: Option<ConnectionAddr>,
+        within: Duration,
+    ) {
+        let Some(replication) = &self.replication else {
+            return;
+        };
+        let until = Instant::now() + within;
+        while !replication.vouch_for(reached).await && Instant::now() < until {
+            self.connection.ask_sentinels_again();
+            tokio::time::sleep(RECONNECT_EVERY).await;
+            let resent = self.release(name, token, Waiters::Queue).await;
+            reached = resent.ok().and_then(|_| self.connection.reached());
+        }
     }
 
     /// Takes `token` out of the queue, or frees the lock if `token` holds it, telling

@@ -8,18 +8,21 @@
 //! the next one, a group commit: one `WAIT` covers them all, and the connection that
 //! takes and frees locks never blocks on one. On a Cluster, one `WAIT` covers each
 //! primary's: those sent in turn on one connection would each wait out the replica
-//! timeout behind the one before.
+//! timeout behind the one before. Through Sentinel, a round also says whether they
+//! vouch for the server that answered a release; that question waits up to 100 ms
+//! to share a grant's round, so that the Sentinels are asked once for both.
 
 use std::collections::{BTreeMap, HashMap};
+use std::pin::pin;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, RedisResult, Value};
-use tokio::sync::{mpsc, oneshot};
+use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
+use tokio::sync::{OnceCell, mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::connection::{Connection, LuaScript, Replicas, ScriptCall, SlotRange, Target, bounded};
-use super::sentinels::Sentinels;
+use super::sentinels::{Said, Sentinels};
 use crate::key::{LockName, slot};
 use crate::{ClientConfig, LockError};
 
@@ -80,12 +83,15 @@ impl Shortfall {
 /// How long a round's first wait lasts: replicas that keep up acknowledge within it.
 const FIRST_WAIT_MS: u64 = 10;
 
+/// The longest a vouch waits to share a round with a grant or renewal.
+const VOUCH_WITHIN: Duration = Duration::from_millis(100);
+
 pub(crate) struct Replication {
     required: Required,
     rounds: Arc<Rounds>,
     /// Where requests for the next round go; a task runs the rounds, started again
     /// on the caller's runtime when the one it ran on has gone.
-    requests: Mutex<Option<mpsc::UnboundedSender<Request>>>,
+    requests: Mutex<Option<mpsc::UnboundedSender<Asked>>>,
 }
 
 /// How many replicas must acknowledge a grant.
@@ -121,6 +127,16 @@ struct Found {
     held: Vec<RedisResult<Vec<bool>>>,
     acknowledged: usize,
     on_disk: Option<bool>,
+}
+
+/// What a round is asked: to confirm a grant or renewal, or through Sentinel, only
+/// whether they vouch for a server.
+enum Asked {
+    Confirm(Request),
+    Vouch {
+        reached: Option<ConnectionAddr>,
+        answer: oneshot::Sender<bool>,
+    },
 }
 
 struct Request {
@@ -284,17 +300,34 @@ impl Replication {
             required,
             answer,
         };
-        if let Err(unsent) = self.sender().send(request) {
-            // The task went with its runtime between our look and the send.
-            lock(&self.requests).take();
-            if self.sender().send(unsent.0).is_err() {
-                return Err(Err(no_rounds()));
-            }
+        match self.send(Asked::Confirm(request)) {
+            true => Ok(answered),
+            false => Err(Err(no_rounds())),
         }
-        Ok(answered)
     }
 
-    fn sender(&self) -> mpsc::UnboundedSender<Request> {
+    /// Through Sentinel, whether they vouch for the server at `reached`, asked in the
+    /// next round: that a majority of them name it the primary and none is failing
+    /// it over. Elsewhere, yes.
+    pub(crate) async fn vouch_for(&self, reached: Option<ConnectionAddr>) -> bool {
+        if self.rounds.sentinels.is_none() {
+            return true;
+        }
+        let (answer, answered) = oneshot::channel();
+        self.send(Asked::Vouch { reached, answer }) && answered.await.unwrap_or(false)
+    }
+
+    /// Whether `asked` reached the task that runs the rounds.
+    fn send(&self, asked: Asked) -> bool {
+        if let Err(unsent) = self.sender().send(asked) {
+            // The task went with its runtime between our look and the send.
+            lock(&self.requests).take();
+            return self.sender().send(unsent.0).is_ok();
+        }
+        true
+    }
+
+    fn sender(&self) -> mpsc::UnboundedSender<Asked> {
         let mut requests = lock(&self.requests);
         match &*requests {
             Some(sender) if !sender.is_closed() => sender.clone(),
@@ -308,12 +341,30 @@ impl Replication {
     }
 }
 
-/// Runs a round for every request waiting when the last one ended.
-async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<Request>) {
+/// Runs a round for every request waiting when the last one ended. Vouches alone
+/// wait for a grant or renewal to confirm, for `VOUCH_WITHIN` at most: a client
+/// that takes and frees locks asks the Sentinels once for both.
+async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<Asked>) {
     while let Some(first) = requests.recv().await {
         let mut batch = vec![first];
         while let Ok(more) = requests.try_recv() {
             batch.push(more);
+        }
+        if batch
+            .iter()
+            .all(|asked| matches!(asked, Asked::Vouch { .. }))
+        {
+            let mut pause = pin!(tokio::time::sleep(VOUCH_WITHIN));
+            while let Some(more) = tokio::select! {
+                () = &mut pause => None,
+                more = requests.recv() => more,
+            } {
+                let confirms = matches!(more, Asked::Confirm(_));
+                batch.push(more);
+                if confirms {
+                    break;
+                }
+            }
         }
         rounds.run(batch).await;
     }
@@ -322,9 +373,35 @@ async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<R
 impl Rounds {
     /// Confirms `batch`, one pipeline per primary, and through Sentinel, asks them
     /// alongside.
-    async fn run(self: &Arc<Self>, batch: Vec<Request>) {
-        let mut asked = (self.sentinels.clone())
-            .map(|sentinels| tokio::spawn(async move { sentinels.ask().await }));
+    async fn run(self: &Arc<Self>, batch: Vec<Asked>) {
+        let said = Arc::new(OnceCell::new());
+        if let Some(sentinels) = self.sentinels.clone() {
+            let said = said.clone();
+            tokio::spawn(async move {
+                said.get_or_init(|| sentinels.ask()).await;
+            });
+        }
+        let mut vouches = Vec::new();
+        let batch: Vec<Request> = (batch.into_iter())
+            .filter_map(|asked| match asked {
+                Asked::Confirm(request) => Some(request),
+                Asked::Vouch { reached, answer } => {
+                    vouches.push((reached, answer));
+                    None
+                }
+            })
+            .collect();
+        let mut confirming = JoinSet::new();
+        if let Some(sentinels) = self.sentinels.clone().filter(|_| !vouches.is_empty()) {
+            let said = said.clone();
+            confirming.spawn(async move {
+                let said = said.get_or_init(|| sentinels.ask()).await;
+                for (reached, answer) in vouches {
+                    let _ = answer.send(said.vouch_for(reached.as_ref()));
+                }
+                false
+            });
+        }
         let primaries = match self.cluster {
             true => self.primaries().await,
             false => None,
@@ -342,12 +419,10 @@ impl Rounds {
             let slots = nodes.entry(node).or_default();
             slots.entry(slot).or_default().push(request);
         }
-        let mut confirming = JoinSet::new();
         for slots in nodes.into_values() {
             let node: Vec<Vec<Request>> = slots.into_values().collect();
             let rounds = self.clone();
-            // Through Sentinel there is one node: no Cluster.
-            let asked = asked.take();
+            let said = said.clone();
             confirming.spawn(async move {
                 let found = rounds.confirm(&node).await;
                 if node.len() > 1
@@ -357,11 +432,11 @@ impl Rounds {
                 {
                     return rounds.confirm_apart(node).await;
                 }
-                let named_by_sentinels = match (asked, &found) {
-                    (Some(asked), Ok(found)) if found.any_held() => {
+                let named_by_sentinels = match (&rounds.sentinels, &found) {
+                    (Some(sentinels), Ok(found)) if found.any_held() => {
                         let reached = rounds.connection.reached();
-                        let said = asked.await;
-                        Some(said.is_ok_and(|said| said.vouch_for(reached.as_ref())))
+                        let said: &Said = said.get_or_init(|| sentinels.ask()).await;
+                        Some(said.vouch_for(reached.as_ref()))
                     }
                     _ => None,
                 };

@@ -375,9 +375,15 @@ impl Acquisition {
             }
             drop(turn)
         };
-        self.holds
-            .backend
-            .release_finishing(&self.runtime, name, token, keep, pass_turn)
+        let backend = &self.holds.backend;
+        backend.release_finishing(
+            &self.runtime,
+            name,
+            token,
+            keep,
+            self.lease_length,
+            pass_turn,
+        )
     }
 
     /// Lets a release inside the `hold_at_least` window free the lock at once: for a
