@@ -298,6 +298,60 @@ async fn a_release_the_old_primary_answered_is_sent_again_to_the_new_one() {
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
 
+    switch_over_with_the_old_primary_alive(&group).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (next, got_at) = waiting.await.unwrap().expect("the waiter got the lock");
+    let waited = got_at.duration_since(released_at);
+    assert!(
+        waited < Duration::from_secs(5),
+        "the waiter got the lock {waited:?} after its release: the release stayed on the \
+         old primary, and the new one kept the lock for its lease"
+    );
+    next.release().await.unwrap();
+}
+
+/// A grant on a primary the Sentinels have failed over from, which lives on, is
+/// refused as soon as they say so, not once the replicas it has no more are waited
+/// for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_the_sentinels_disown_is_refused_without_waiting_for_replicas() {
+    let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
+    let replica_timeout = Duration::from_secs(3);
+    let config = ClientConfig::new().replica_timeout(replica_timeout);
+    let client = LockClient::sentinel_with(group.sentinel_urls(), group.name, config)
+        .await
+        .unwrap();
+    let warm_up = client.acquire("refund:3", &LockOptions::new()).await;
+    warm_up.unwrap().release().await.unwrap();
+    // Until the Sentinels have vouched for the server that answered the release.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    switch_over_with_the_old_primary_alive(&group).await;
+    let asked = Instant::now();
+    let refused = client
+        .acquire("refund:3", &LockOptions::new().spin(false))
+        .await;
+    let took = asked.elapsed();
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::Replication {
+                named_by_sentinels: Some(false),
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert!(
+        took < replica_timeout / 3,
+        "refused after {took:?}, with a replica timeout of {replica_timeout:?}"
+    );
+}
+
+/// `SENTINEL FAILOVER`, and back once every Sentinel names the promoted replica,
+/// while the old primary still answers as one.
+async fn switch_over_with_the_old_primary_alive(group: &SentinelGroup) {
     let old_primary = group.primary.port();
     let () = redis::cmd("SENTINEL")
         .arg("FAILOVER")
@@ -314,16 +368,6 @@ async fn a_release_the_old_primary_answered_is_sent_again_to_the_new_one() {
         "master",
         "the Sentinels demoted the old primary before the test could look"
     );
-    let released_at = Instant::now();
-    held.release().await.unwrap();
-    let (next, got_at) = waiting.await.unwrap().expect("the waiter got the lock");
-    let waited = got_at.duration_since(released_at);
-    assert!(
-        waited < Duration::from_secs(5),
-        "the waiter got the lock {waited:?} after its release: the release stayed on the \
-         old primary, and the new one kept the lock for its lease"
-    );
-    next.release().await.unwrap();
 }
 
 /// A primary the Sentinels failed over from that lives on (frozen past down-after,

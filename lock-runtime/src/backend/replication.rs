@@ -424,7 +424,7 @@ impl Rounds {
             let rounds = self.clone();
             let said = said.clone();
             confirming.spawn(async move {
-                let found = rounds.confirm(&node).await;
+                let found = rounds.confirm(&node, &said).await;
                 if node.len() > 1
                     && found
                         .as_ref()
@@ -460,7 +460,9 @@ impl Rounds {
         lock(&self.primaries).take();
         let mut unconfirmed = false;
         for slot in node {
-            let found = self.confirm(std::slice::from_ref(&slot)).await;
+            let found = self
+                .confirm(std::slice::from_ref(&slot), &OnceCell::new())
+                .await;
             unconfirmed |= answer_each(vec![slot], found, None);
         }
         unconfirmed
@@ -484,8 +486,9 @@ impl Rounds {
     /// would find none to wait for and return at once. A first short wait, then,
     /// where some lock is held and the replicas have not all acknowledged it yet,
     /// the rest: a check that finds nothing held (two connections that went
-    /// different ways through a failover) is not kept for the whole wait.
-    async fn confirm(&self, node: &[Vec<Request>]) -> RedisResult<Found> {
+    /// different ways through a failover) is not kept for the whole wait, nor one
+    /// on a primary the Sentinels, once `said` holds their answers, disown.
+    async fn confirm(&self, node: &[Vec<Request>], said: &OnceCell<Said>) -> RedisResult<Found> {
         let checks: Vec<ScriptCall> = node
             .iter()
             .map(|requests| {
@@ -505,12 +508,19 @@ impl Rounds {
         let first = FIRST_WAIT_MS.min(self.wait_ms);
         let found = self.check_then_wait(&checks, required, first).await?;
         let enough = found.acknowledged >= required.unwrap_or(0) && found.on_disk != Some(false);
-        if enough || first == self.wait_ms || !found.any_held() {
+        if enough || first == self.wait_ms || !found.any_held() || self.disowned(said) {
             return Ok(found);
         }
         // The checks write again, and the wait covers that write wherever it goes.
         self.check_then_wait(&checks, required, self.wait_ms - first)
             .await
+    }
+
+    /// Whether the Sentinels have answered already, and name another primary than
+    /// the one confirming, or are failing it over: no wait would make its grants
+    /// count.
+    fn disowned(&self, said: &OnceCell<Said>) -> bool {
+        (said.get()).is_some_and(|said| !said.vouch_for(self.connection.reached().as_ref()))
     }
 
     async fn check_then_wait(
