@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::connection::{Connection, LuaScript, RECONNECT_EVERY, ScriptCall, Target, bounded};
 use super::replication::{Confirmed, Replication};
+use super::sentinels::Verdict;
 use super::signals::Signals;
 use super::{Attempt, CLAIM_WINDOW, Queue, Released, Renewing, Waiters, lease_ms, renewal_answers};
 use crate::key::{LockName, slot};
@@ -356,9 +357,10 @@ impl RedisNode {
     /// Through Sentinel, a release counts once they vouch for the server that
     /// answered it, `reached`: a primary they failed over from answers as one until
     /// they demote it, seconds later, and the lock it frees is still held on the new
-    /// primary, for the rest of its lease. Until they vouch for the server that
-    /// answers it, the release is sent again, to the primary they name by then, for
-    /// `within` at most: the lease, past which no copy of the lock is left.
+    /// primary, for the rest of its lease. So once they agree on another primary, the
+    /// release is sent again, and goes there. They are asked until they vouch for
+    /// the server that answered, for `within` at most: the lease, past which no copy
+    /// of the lock is left.
     pub(crate) async fn release_where_named(
         &self,
         name: &LockName,
@@ -370,11 +372,17 @@ impl RedisNode {
             return;
         };
         let until = Instant::now() + within;
-        while !replication.vouch_for(reached).await && Instant::now() < until {
-            self.connection.ask_sentinels_again();
+        loop {
+            let verdict = replication.verdict_on(reached.clone()).await;
+            if verdict == Verdict::Vouched || Instant::now() >= until {
+                return;
+            }
             tokio::time::sleep(RECONNECT_EVERY).await;
-            let resent = self.release(name, token, Waiters::Queue).await;
-            reached = resent.ok().and_then(|_| self.connection.reached());
+            if verdict == Verdict::Replaced {
+                self.connection.ask_sentinels_again();
+                let resent = self.release(name, token, Waiters::Queue).await;
+                reached = resent.ok().and_then(|_| self.connection.reached());
+            }
         }
     }
 

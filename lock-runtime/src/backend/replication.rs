@@ -8,9 +8,9 @@
 //! the next one, a group commit: one `WAIT` covers them all, and the connection that
 //! takes and frees locks never blocks on one. On a Cluster, one `WAIT` covers each
 //! primary's: those sent in turn on one connection would each wait out the replica
-//! timeout behind the one before. Through Sentinel, a round also says whether they
-//! vouch for the server that answered a release; that question waits up to 100 ms
-//! to share a grant's round, so that the Sentinels are asked once for both.
+//! timeout behind the one before. Through Sentinel, a round also says what they say
+//! of the server that answered a release; that question waits up to 100 ms to share
+//! a grant's round, so that the Sentinels are asked once for both.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::pin;
@@ -22,7 +22,7 @@ use tokio::sync::{OnceCell, mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::connection::{Connection, LuaScript, Replicas, ScriptCall, SlotRange, Target, bounded};
-use super::sentinels::{Said, Sentinels};
+use super::sentinels::{Said, Sentinels, Verdict};
 use crate::key::{LockName, slot};
 use crate::{ClientConfig, LockError};
 
@@ -83,8 +83,9 @@ impl Shortfall {
 /// How long a round's first wait lasts: replicas that keep up acknowledge within it.
 const FIRST_WAIT_MS: u64 = 10;
 
-/// The longest a vouch waits to share a round with a grant or renewal.
-const VOUCH_WITHIN: Duration = Duration::from_millis(100);
+/// The longest a question for a verdict waits to share a round with a grant or
+/// renewal.
+const VERDICT_WITHIN: Duration = Duration::from_millis(100);
 
 pub(crate) struct Replication {
     required: Required,
@@ -130,12 +131,12 @@ struct Found {
 }
 
 /// What a round is asked: to confirm a grant or renewal, or through Sentinel, only
-/// whether they vouch for a server.
+/// what they say of a server.
 enum Asked {
     Confirm(Request),
-    Vouch {
+    Verdict {
         reached: Option<ConnectionAddr>,
-        answer: oneshot::Sender<bool>,
+        answer: oneshot::Sender<Verdict>,
     },
 }
 
@@ -306,15 +307,17 @@ impl Replication {
         }
     }
 
-    /// Through Sentinel, whether they vouch for the server at `reached`, asked in the
-    /// next round: that a majority of them name it the primary and none is failing
-    /// it over. Elsewhere, yes.
-    pub(crate) async fn vouch_for(&self, reached: Option<ConnectionAddr>) -> bool {
+    /// Through Sentinel, what they say of the server at `reached`, asked in the next
+    /// round. Elsewhere, that it is the primary.
+    pub(crate) async fn verdict_on(&self, reached: Option<ConnectionAddr>) -> Verdict {
         if self.rounds.sentinels.is_none() {
-            return true;
+            return Verdict::Vouched;
         }
         let (answer, answered) = oneshot::channel();
-        self.send(Asked::Vouch { reached, answer }) && answered.await.unwrap_or(false)
+        match self.send(Asked::Verdict { reached, answer }) {
+            true => answered.await.unwrap_or(Verdict::Unsettled),
+            false => Verdict::Unsettled,
+        }
     }
 
     /// Whether `asked` reached the task that runs the rounds.
@@ -341,9 +344,9 @@ impl Replication {
     }
 }
 
-/// Runs a round for every request waiting when the last one ended. Vouches alone
-/// wait for a grant or renewal to confirm, for `VOUCH_WITHIN` at most: a client
-/// that takes and frees locks asks the Sentinels once for both.
+/// Runs a round for every request waiting when the last one ended. Questions for a
+/// verdict alone wait for a grant or renewal to confirm, for `VERDICT_WITHIN` at
+/// most: a client that takes and frees locks asks the Sentinels once for both.
 async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<Asked>) {
     while let Some(first) = requests.recv().await {
         let mut batch = vec![first];
@@ -352,9 +355,9 @@ async fn run_rounds(rounds: Arc<Rounds>, mut requests: mpsc::UnboundedReceiver<A
         }
         if batch
             .iter()
-            .all(|asked| matches!(asked, Asked::Vouch { .. }))
+            .all(|asked| matches!(asked, Asked::Verdict { .. }))
         {
-            let mut pause = pin!(tokio::time::sleep(VOUCH_WITHIN));
+            let mut pause = pin!(tokio::time::sleep(VERDICT_WITHIN));
             while let Some(more) = tokio::select! {
                 () = &mut pause => None,
                 more = requests.recv() => more,
@@ -381,23 +384,23 @@ impl Rounds {
                 said.get_or_init(|| sentinels.ask()).await;
             });
         }
-        let mut vouches = Vec::new();
+        let mut verdicts = Vec::new();
         let batch: Vec<Request> = (batch.into_iter())
             .filter_map(|asked| match asked {
                 Asked::Confirm(request) => Some(request),
-                Asked::Vouch { reached, answer } => {
-                    vouches.push((reached, answer));
+                Asked::Verdict { reached, answer } => {
+                    verdicts.push((reached, answer));
                     None
                 }
             })
             .collect();
         let mut confirming = JoinSet::new();
-        if let Some(sentinels) = self.sentinels.clone().filter(|_| !vouches.is_empty()) {
+        if let Some(sentinels) = self.sentinels.clone().filter(|_| !verdicts.is_empty()) {
             let said = said.clone();
             confirming.spawn(async move {
                 let said = said.get_or_init(|| sentinels.ask()).await;
-                for (reached, answer) in vouches {
-                    let _ = answer.send(said.vouch_for(reached.as_ref()));
+                for (reached, answer) in verdicts {
+                    let _ = answer.send(said.verdict_on(reached.as_ref()));
                 }
                 false
             });

@@ -127,20 +127,43 @@ impl Sentinel {
     }
 }
 
+/// What the Sentinels' answers say of a server that answered a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// A majority answered, and each names it the primary, failing nothing over.
+    Vouched,
+    /// A majority answered, and each names one other server, failing nothing over.
+    Replaced,
+    /// Neither: a failover under way, answers that differ, or too few of them.
+    Unsettled,
+}
+
 impl Said {
     /// Whether a majority of the Sentinels answered, and each that did names the
     /// primary at `reached` and is not failing it over.
     pub(crate) fn vouch_for(&self, reached: Option<&ConnectionAddr>) -> bool {
-        let (host, port) = match reached {
-            Some(ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. }) => {
-                (host, *port)
-            }
-            _ => return false,
-        };
+        self.verdict_on(reached) == Verdict::Vouched
+    }
+
+    pub(crate) fn verdict_on(&self, reached: Option<&ConnectionAddr>) -> Verdict {
         let answered: Vec<&Named> = self.0.iter().flatten().collect();
-        answered.len() * 2 > self.0.len()
-            && answered
-                .iter()
-                .all(|named| named.ip == *host && named.port == port && !named.failing_over)
+        let Some(first) = answered.first() else {
+            return Verdict::Unsettled;
+        };
+        let agreed = answered.len() * 2 > self.0.len()
+            && answered.iter().all(|named| {
+                (&named.ip, named.port) == (&first.ip, first.port) && !named.failing_over
+            });
+        let is_first = match reached {
+            Some(ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. }) => {
+                (host, *port) == (&first.ip, first.port)
+            }
+            _ => false,
+        };
+        match (agreed, is_first) {
+            (true, true) => Verdict::Vouched,
+            (true, false) => Verdict::Replaced,
+            (false, _) => Verdict::Unsettled,
+        }
     }
 }
