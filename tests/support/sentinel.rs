@@ -221,6 +221,14 @@ impl SentinelGroup {
     /// until then, and until the old primary replicates the new one in sync, and
     /// takes the promoted replica for the primary.
     pub fn switch_over(&mut self) {
+        self.begin_switch_over();
+        assert!(self.take_promoted(), "every Sentinel names a replica");
+        self.wait_until_watching();
+    }
+
+    /// `SENTINEL FAILOVER`, until every Sentinel names a replica the primary: the
+    /// old primary still answers as one then, for seconds.
+    pub fn begin_switch_over(&self) {
         let old_port = self.primary.port();
         let () = redis::cmd("SENTINEL")
             .arg("FAILOVER")
@@ -228,14 +236,13 @@ impl SentinelGroup {
             .query(&mut self.sentinels[0].connection())
             .expect("SENTINEL FAILOVER");
         let started = Instant::now();
-        while !self.take_promoted() {
+        while (0..self.sentinels.len()).any(|index| self.primary_port_named_by(index) == old_port) {
             assert!(
                 started.elapsed() < Duration::from_secs(30),
                 "the Sentinels did not switch over from port {old_port} within 30 s"
             );
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(20));
         }
-        self.wait_until_watching();
     }
 
     /// A whole failover: kills the primary, waits for the Sentinels to promote the
