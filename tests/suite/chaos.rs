@@ -20,8 +20,10 @@
 //! - on Sentinel and Cluster: the keys' primary fails over: its replica is cut off,
 //!   so that grants made from then on exist on the primary alone, the primary is
 //!   killed, the replica is promoted (by the Sentinels; by the Cluster's other
-//!   primaries), and the old primary comes back as a replica. After each failover
-//!   the test waits until every key is held again.
+//!   primaries), and the old primary comes back as a replica;
+//! - on Sentinel and Cluster: a planned failover (`SENTINEL FAILOVER`, `CLUSTER
+//!   FAILOVER`), the old primary alive throughout, until it is the new one's
+//!   replica. After each failover the test waits until every key is held again.
 //!
 //! At least 10,000 sections by default on one Redis, 5,000 on Cluster and Sentinel,
 //! 2,000 on Redlock; `LOCK_CHAOS_SECTIONS=100000` runs more, with faults until most
@@ -382,6 +384,14 @@ enum Fault {
     FreezeRedis,
     CutOffReplica,
     FailOver,
+    SwitchOver,
+}
+
+impl Fault {
+    /// Whether it moves the keys' primary: a failover, planned or not.
+    fn moves_the_primary(self) -> bool {
+        matches!(self, Fault::FailOver | Fault::SwitchOver)
+    }
 }
 
 /// A fault as injected: when it began and ended, and the worker it hit, if it hit one.
@@ -436,8 +446,26 @@ impl Servers {
     fn faults(&self) -> (&'static [Fault], usize) {
         use Fault::*;
         match self {
-            Servers::Sentinel(_) => (&[PauseWorker, RestartWorker, CutOffReplica, FailOver], 2),
-            Servers::Cluster(_) => (&[PauseWorker, RestartWorker, FreezeRedis, FailOver], 2),
+            Servers::Sentinel(_) => (
+                &[
+                    PauseWorker,
+                    RestartWorker,
+                    CutOffReplica,
+                    FailOver,
+                    SwitchOver,
+                ],
+                2,
+            ),
+            Servers::Cluster(_) => (
+                &[
+                    PauseWorker,
+                    RestartWorker,
+                    FreezeRedis,
+                    FailOver,
+                    SwitchOver,
+                ],
+                2,
+            ),
             _ => (&[PauseWorker, RestartWorker, FreezeRedis], 3),
         }
     }
@@ -469,6 +497,11 @@ impl Servers {
                 cluster.kill_primary(shard);
                 let shard = cluster.promote_replica(shard, slot, Duration::from_secs(30));
                 cluster.restore_old_primary(shard);
+            }
+            (Fault::SwitchOver, Servers::Sentinel(group)) => group.switch_over(),
+            (Fault::SwitchOver, Servers::Cluster(cluster)) => {
+                let slot = cluster.slot_of(SLOW_KEY);
+                cluster.switch_over(cluster.shard_for(slot), slot);
             }
             (fault, _) => panic!("{fault:?} is not a fault of the servers here"),
         }
@@ -560,7 +593,7 @@ async fn run(mut servers: Servers, default_target: usize) {
             from,
             until,
         });
-        if fault == Fault::FailOver {
+        if fault.moves_the_primary() {
             // Recovered: every key is held again, by grants the new primary's
             // replica acknowledged.
             let waiting = Instant::now();
@@ -752,7 +785,7 @@ fn summary(
             !s.held
                 && injected
                     .iter()
-                    .any(|f| f.fault == Fault::FailOver && s.from < f.until && s.until > f.from)
+                    .any(|f| f.fault.moves_the_primary() && s.from < f.until && s.until > f.from)
         })
         .count();
     let mut text = format!(
@@ -768,8 +801,18 @@ fn summary(
     }
     let recoveries: Vec<String> = injected
         .iter()
-        .filter(|f| f.fault == Fault::FailOver)
-        .map(|failover| recovery(keys, sections, failures, failover.until))
+        .filter(|f| f.fault.moves_the_primary())
+        .map(|failover| {
+            let planned = if failover.fault == Fault::SwitchOver {
+                "planned: "
+            } else {
+                ""
+            };
+            format!(
+                "{planned}{}",
+                recovery(keys, sections, failures, failover.until)
+            )
+        })
         .collect();
     if !recoveries.is_empty() {
         text.push_str(&format!(
