@@ -36,7 +36,8 @@ const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
 const INSPECTOR_RULES: &str = "+scan";
 
 /// What the Sentinels' ACL user needs, as the README says.
-const SENTINEL_USER_RULES: &str = "-@all +sentinel|master +sentinel|replicas +client|setinfo";
+const SENTINEL_USER_RULES: &str =
+    "-@all +sentinel|master +sentinel|replicas +client|setinfo +subscribe &+switch-master";
 
 /// `rules` as `server` takes them: without the rules for commands it does not have.
 fn rules_for<'a>(server: &RedisServer, rules: &'a str) -> Vec<&'a str> {
@@ -610,6 +611,33 @@ async fn sentinel_with_acl_users() {
         .chain([&group.primary, &group.replica])
     {
         assert_nothing_denied(server, "the library on a server or Sentinel");
+    }
+}
+
+/// A Sentinel user set up before the client listened for switches of primary, which
+/// may not subscribe: locking works as before, and each Sentinel is asked once per
+/// client, not again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_user_that_may_not_subscribe_still_locks() {
+    let group = SentinelGroup::start_with_password(Duration::from_secs(1), "admin-pass");
+    let without = SENTINEL_USER_RULES.replace(" +subscribe &+switch-master", "");
+    let urls = sentinel_lock_users(&group, &without);
+    let first = LockClient::sentinel(&urls, group.name).await.unwrap();
+    let second = LockClient::sentinel(&urls, group.name).await.unwrap();
+    exclude_and_wake(&first, &second, &[&group.primary]).await;
+    for sentinel in &group.sentinels {
+        let refusals: i64 = denied(sentinel)
+            .iter()
+            .map(|entry| {
+                let fields: Vec<redis::Value> = redis::from_redis_value(entry.clone()).unwrap();
+                let count = fields
+                    .iter()
+                    .position(|field| *field == redis::Value::BulkString(b"count".to_vec()))
+                    .expect("an ACL LOG entry's count");
+                redis::from_redis_value::<i64>(fields[count + 1].clone()).unwrap()
+            })
+            .sum();
+        assert_eq!(refusals, 2, "one refused SUBSCRIBE per client");
     }
 }
 

@@ -312,6 +312,48 @@ async fn a_release_the_old_primary_answered_is_sent_again_to_the_new_one() {
     next.release().await.unwrap();
 }
 
+/// A client that only waits through a planned failover makes no grant or release
+/// that would show it the switch: its connections stay on the old primary, which
+/// still holds its stale copy of the lock, until the Sentinels demote it. It
+/// follows their announcement of the switch instead, so it gets the lock released
+/// on the new primary within moments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_only_waits_follows_the_switch_the_sentinels_announce() {
+    let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
+    let connect = || LockClient::sentinel(group.sentinel_urls(), group.name);
+    let (holder, waiter) = (connect().await.unwrap(), connect().await.unwrap());
+    let lease = Duration::from_secs(20);
+    let held = holder
+        .acquire("ledger-close", &LockOptions::new().lease(lease))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let patient = LockOptions::new().timeout(lease + Duration::from_secs(5));
+        let acquired = waiter.acquire("ledger-close", &patient).await;
+        acquired.map(|guard| (guard, Instant::now()))
+    });
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    switch_over_with_the_old_primary_alive(&group);
+    // The holder learns of the switch from a grant the Sentinels disown, and
+    // releases on the new primary: the old one keeps its copy of the lock.
+    let disowned = holder
+        .acquire("ledger-open", &LockOptions::new().spin(false))
+        .await;
+    assert!(disowned.is_err(), "{disowned:?}");
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (next, got_at) = waiting.await.unwrap().expect("the waiter got the lock");
+    let waited = got_at.duration_since(released_at);
+    eprintln!("the waiter got the lock {waited:?} after its release");
+    assert!(
+        waited < Duration::from_secs(5),
+        "the waiter got the lock {waited:?} after its release: it stayed on the old \
+         primary until the Sentinels demoted it"
+    );
+    next.release().await.unwrap();
+}
+
 /// A grant on a primary the Sentinels have failed over from, which lives on, is
 /// refused as soon as they say so, not once the replicas it has no more are waited
 /// for.
@@ -602,8 +644,8 @@ async fn the_client_connects_with_the_first_sentinel_silent() {
 }
 
 /// While the primary the Sentinels name is down, a client that is called all the
-/// time asks the Sentinels where it is over the one connection it keeps to each,
-/// not over new ones: a try opened one to every Sentinel, and trying once per call
+/// time asks the Sentinels where it is over the connection it keeps to each for
+/// questions, not over new ones: a try opened one to every Sentinel, and trying once per call
 /// hammered them while they failed the primary over. That holds for a Sentinel slow
 /// to answer, whose answer a try does not wait for. Each call still fails within the
 /// bound, naming the key, and once the primary is back the client works.
@@ -625,8 +667,9 @@ async fn a_client_whose_primary_is_down_asks_the_sentinels_over_kept_connections
     let calls = acquire_while_down(&client, "invoice:7", &options).await;
     for (index, proxy) in proxies.iter().enumerate() {
         let made = proxy.connections();
+        // One for questions, one listening for the switches they announce.
         assert_eq!(
-            made, 1,
+            made, 2,
             "{calls} calls made {made} connections to Sentinel {index} in all"
         );
     }

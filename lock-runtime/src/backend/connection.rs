@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 use tokio::runtime::Handle;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::Timeout;
 
 use super::pipe::Pipe;
@@ -98,6 +98,14 @@ impl Target {
     ) -> RedisResult<Target> {
         let named = NamedPrimary::new(&sentinels, primary, config)?;
         Ok(Target::Sentinel(Arc::new(named)))
+    }
+
+    /// Through Sentinel, has every connection made through them follow each switch of
+    /// primary they announce.
+    pub(crate) fn follow_switches(&self) {
+        if let Target::Sentinel(named) = self {
+            named.listen_for_switches();
+        }
     }
 
     /// Releases are published per shard on a Cluster, so that they reach only the
@@ -243,6 +251,7 @@ impl Target {
             }
             Target::Sentinel(named) => {
                 let named = named.speaking(ProtocolVersion::RESP3);
+                let switches = named.switches.told();
                 let (dropped, drops) = tokio::sync::mpsc::unbounded_channel();
                 let pushes = move |push: PushInfo| {
                     if push.kind == PushKind::Disconnection {
@@ -261,6 +270,7 @@ impl Target {
                 tokio::spawn(resubscribe_after_drops(
                     following,
                     drops,
+                    switches,
                     signals_for_sentinel,
                 ));
                 Ok(Connection::Own(connection))
@@ -754,6 +764,9 @@ struct Slot {
     made_at: Option<Instant>,
     /// Where `current` was made to.
     reached: Option<ConnectionAddr>,
+    /// Through Sentinel, how many switches of primary they had announced when the
+    /// Sentinels were asked for `current`.
+    switches: u64,
 }
 
 /// A connection made, numbered so that a call that fails on it forgets it and none
@@ -899,7 +912,7 @@ impl Reconnecting {
     }
 
     async fn current(&self) -> RedisResult<Made> {
-        let current = self.read_slot().current.clone();
+        let current = self.usable();
         match current {
             Some(made) => Ok(made),
             // Boxed: connecting is rare, and its state would weigh on every call.
@@ -944,7 +957,7 @@ impl Reconnecting {
     /// would otherwise drop a connection half made, and the next call make another.
     async fn connect(&self) -> RedisResult<Made> {
         let mut failed = self.shared.connecting.clone().lock_owned().await;
-        if let Some(made) = self.read_slot().current.clone() {
+        if let Some(made) = self.usable() {
             return Ok(made);
         }
         if let Some(failed) = &*failed
@@ -971,11 +984,27 @@ impl Reconnecting {
         })
     }
 
+    /// The connection calls take now, unless the Sentinels have announced a switch
+    /// of primary since they were asked for it.
+    fn usable(&self) -> Option<Made> {
+        let slot = self.read_slot();
+        let made = slot.current.as_ref()?;
+        match &self.shared.source {
+            Source::Sentinel(named) if named.switches.heard() != slot.switches => None,
+            _ => Some(made.clone()),
+        }
+    }
+
     async fn connect_now(&self) -> RedisResult<Made> {
         let shared = &self.shared;
-        let client = match &shared.source {
-            Source::Server(client) => (**client).clone(),
-            Source::Sentinel(named) => named.client().await?,
+        let (client, switches) = match &shared.source {
+            Source::Server(client) => ((**client).clone(), 0),
+            // Counted before asking: a switch announced meanwhile has the connection
+            // made again.
+            Source::Sentinel(named) => {
+                let switches = named.switches.heard();
+                (named.client().await?, switches)
+            }
         };
         let info = client.get_connection_info();
         let link = if shared.requests_only && Pipe::reaches(info) {
@@ -993,6 +1022,7 @@ impl Reconnecting {
             slot.made += 1;
             slot.made_at = Some(Instant::now());
             slot.reached = Some(info.addr().clone());
+            slot.switches = switches;
             let made = Made {
                 number: slot.made,
                 link,
@@ -1155,16 +1185,26 @@ async fn watch(traffic: Weak<Traffic>, limit: Duration) {
     }
 }
 
-/// Once the subscriber's connection drops (its primary died, say), connects to the
-/// primary Sentinel names now and subscribes again to every channel still watched,
-/// trying until it can, then wakes the waiters to look again. Ends with the client.
+/// Once the subscriber's connection drops (its primary died, say), or the Sentinels
+/// announce a switch of primary (the old one may answer on for seconds, and the
+/// releases are published on the new one), connects to the primary Sentinel names
+/// now and subscribes again to every channel still watched, trying until it can,
+/// then wakes the waiters to look again. Ends with the client.
 async fn resubscribe_after_drops(
     subscriber: Weak<ReconnectingShared>,
     mut drops: tokio::sync::mpsc::UnboundedReceiver<()>,
+    mut switches: watch::Receiver<u64>,
     signals: Arc<Signals>,
 ) {
     const PAUSE: Duration = Duration::from_millis(100);
-    while drops.recv().await.is_some() {
+    loop {
+        tokio::select! {
+            dropped = drops.recv() => if dropped.is_none() {
+                return;
+            },
+            // Once the listener has gone, only drops are followed.
+            Ok(()) = switches.changed() => {}
+        }
         loop {
             let Some(shared) = subscriber.upgrade() else {
                 return;
@@ -1341,6 +1381,8 @@ pub(crate) struct NamedPrimary {
     /// password expect, and TLS when it is `rediss://`.
     node: ConnectionInfo,
     config: ClientConfig,
+    /// The Sentinels' announcements of a new primary, once listened for.
+    pub(crate) switches: Arc<Switches>,
 }
 
 impl NamedPrimary {
@@ -1355,8 +1397,38 @@ impl NamedPrimary {
                 .collect::<RedisResult<_>>()?,
             node: first.as_str().into_connection_info()?,
             config: config.clone(),
+            switches: Arc::default(),
         };
         Ok(named.speaking(ProtocolVersion::RESP2))
+    }
+
+    /// Listens on every Sentinel for the switches of primary it announces
+    /// (`+switch-master`), until the client goes. A connection that makes no
+    /// request a failover would refuse (a waiter that only hears `Busy` from the old
+    /// primary's copy of a lock) would otherwise stay with the old primary until
+    /// the Sentinels demote it, seconds later.
+    fn listen_for_switches(&self) {
+        let (Ok(runtime), Some(mut client_gone)) = (Handle::try_current(), self.switches.listen())
+        else {
+            return;
+        };
+        let mut listening = tokio::task::JoinSet::new();
+        for sentinel in &self.sentinels {
+            if let Connection::Own(own) = sentinel
+                && let Source::Server(client) = &own.shared.source
+            {
+                let (client, name) = ((**client).clone(), self.name.clone());
+                let (switches, limit) =
+                    (Arc::downgrade(&self.switches), self.config.command_timeout);
+                listening.spawn_on(hear_switches(client, name, switches, limit), &runtime);
+            }
+        }
+        runtime.spawn(async move {
+            // Ends once the client's last connection through the Sentinels has gone,
+            // and with it the listening (a dropped `JoinSet` aborts its tasks).
+            while client_gone.changed().await.is_ok() {}
+            drop(listening);
+        });
     }
 
     /// The same primary, reached speaking `protocol`, through the same Sentinel
@@ -1444,6 +1516,93 @@ impl NamedPrimary {
             Some(Value::BulkString(role)) if role == b"master" => Ok(primary),
             _ => not_yet("the server a Sentinel names is not a primary (a failover under way)"),
         }
+    }
+}
+
+/// The switches of primary the Sentinels have announced, counted: a connection made
+/// through them before the last one asks them again which primary to reach.
+#[derive(Default)]
+pub(crate) struct Switches {
+    heard: AtomicU64,
+    told: watch::Sender<u64>,
+    listening: AtomicBool,
+}
+
+impl Switches {
+    fn heard(&self) -> u64 {
+        self.heard.load(Ordering::Acquire)
+    }
+
+    fn announced(&self) {
+        let heard = self.heard.fetch_add(1, Ordering::AcqRel) + 1;
+        self.told.send_replace(heard);
+    }
+
+    /// Each switch heard, as it is heard.
+    fn told(&self) -> watch::Receiver<u64> {
+        self.told.subscribe()
+    }
+
+    /// The first time only: a receiver that ends once these switches are no longer
+    /// followed by anything.
+    fn listen(&self) -> Option<watch::Receiver<u64>> {
+        (!self.listening.swap(true, Ordering::AcqRel)).then(|| self.told())
+    }
+}
+
+/// Subscribes to `+switch-master` on `sentinel`, and counts each switch of the
+/// primary `name` it announces, subscribing again 100 ms after the connection
+/// drops. A Sentinel whose ACL user may not subscribe is left: the connections
+/// then follow a failover when a request shows it, as they do without this.
+async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>, limit: Duration) {
+    const CHANNEL: &str = "+switch-master";
+    loop {
+        let (pushed, mut pushes) = tokio::sync::mpsc::unbounded_channel();
+        let forward = move |push: PushInfo| {
+            let _ = pushed.send(push);
+            Ok::<(), redis::aio::SendError>(())
+        };
+        let subscribed = async {
+            let connecting = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(limit))
+                .set_response_timeout(Some(limit))
+                .set_push_sender(forward);
+            let mut connection = resp3(&sentinel)?
+                .get_multiplexed_async_connection_with_config(&connecting)
+                .await?;
+            connection.subscribe(CHANNEL).await?;
+            Ok::<_, RedisError>(connection)
+        };
+        match bounded(limit * 2, subscribed).await {
+            Ok(_connection) => {
+                while let Some(push) = pushes.recv().await {
+                    match push.kind {
+                        PushKind::Message if announces_switch_of(&push.data, &name) => {
+                            let Some(switches) = switches.upgrade() else {
+                                return;
+                            };
+                            switches.announced();
+                        }
+                        PushKind::Disconnection => break,
+                        _ => {}
+                    }
+                }
+            }
+            Err(refused) if refused.code() == Some("NOPERM") => return,
+            Err(_) => {}
+        }
+        tokio::time::sleep(RECONNECT_EVERY).await;
+    }
+}
+
+/// Whether a `+switch-master` message (`<name> <old ip> <old port> <new ip> <new
+/// port>`) is about the primary `name`.
+fn announces_switch_of(message: &[Value], name: &str) -> bool {
+    match message.get(1) {
+        Some(Value::BulkString(text)) => {
+            text.split(|byte| *byte == b' ').next() == Some(name.as_bytes())
+        }
+        _ => false,
     }
 }
 

@@ -106,6 +106,7 @@ impl RedisNode {
         config: &ClientConfig,
         signals: Arc<Signals>,
     ) -> Result<Self, LockError> {
+        target.follow_switches();
         let apart = async {
             match Replication::connects_early(&target, config) {
                 true => Some(Replication::connect_apart(&target, config).await),
