@@ -781,5 +781,17 @@ mod tls {
         let first = connect().await.unwrap();
         let second = connect().await.unwrap();
         exclude_and_wake(&first, &second, &[&group.primary]).await;
+        for sentinel in &group.sentinels {
+            let clients: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query(&mut sentinel.connection())
+                .unwrap();
+            let listening = clients.lines().filter(|client| client.contains(" sub=1 "));
+            assert_eq!(
+                listening.count(),
+                2,
+                "each client listens for switches of primary over TLS: {clients}"
+            );
+        }
     }
 }

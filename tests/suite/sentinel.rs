@@ -4,9 +4,13 @@
 //! URL's password and database. A grant or renewal is confirmed on the server that
 //! made it, even while a primary the Sentinels failed over from lives on, and
 //! never on that primary, where a grant is refused as soon as they disown it, and a
-//! release that primary answered is sent again to the new one. While the primary is
-//! down, the Sentinels are asked at a pace, not once per call.
+//! release that primary answered is sent again to the new one. A client follows the
+//! switches of primary the Sentinels announce, so one that only waits moves at once.
+//! While the primary is down, the Sentinels are asked at a pace, not once per call,
+//! and a Sentinel that is down is listened to again at a falling pace.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lock_runtime::{ClientConfig, LockClient, LockError, LockInspector, LockOptions};
@@ -676,6 +680,40 @@ async fn a_client_whose_primary_is_down_asks_the_sentinels_over_kept_connections
 
     group.primary.restart();
     acquire_once_back(&client, "invoice:7", &options).await;
+    client.shutdown().await;
+}
+
+/// A client listens for the switches of primary on every Sentinel for its whole
+/// life; one Sentinel that is down (it refuses each connection at once) is tried
+/// again at a falling pace, not ten times a second, and locking goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_that_is_down_is_listened_to_at_a_falling_pace() {
+    let group = SentinelGroup::start(Duration::from_secs(60));
+    let down = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let down_at = format!("redis://127.0.0.1:{}", down.local_addr().unwrap().port());
+    let tries = Arc::new(AtomicU64::new(0));
+    let counting = tries.clone();
+    tokio::spawn(async move {
+        while let Ok((refused, _)) = down.accept().await {
+            counting.fetch_add(1, Ordering::Relaxed);
+            drop(refused);
+        }
+    });
+    let mut urls = group.sentinel_urls();
+    urls.push(down_at);
+    let config = ClientConfig::new().replicas(0);
+    let client = LockClient::sentinel_with(&urls, group.name, config)
+        .await
+        .unwrap();
+    let listened_for = Duration::from_secs(3);
+    tokio::time::sleep(listened_for).await;
+    let tried = tries.load(Ordering::Relaxed);
+    assert!(
+        tried <= 8,
+        "the Sentinel that is down was tried {tried} times in {listened_for:?}"
+    );
+    let held = client.acquire("invoice:8", &LockOptions::new()).await;
+    held.unwrap().release().await.unwrap();
     client.shutdown().await;
 }
 

@@ -1550,12 +1550,19 @@ impl Switches {
     }
 }
 
+/// The longest pause between tries to listen to a Sentinel that is down: a client
+/// keeps listening to every Sentinel for its whole life, and one Sentinel down for
+/// hours should not be tried ten times a second by every client.
+const LISTEN_AGAIN_AT_MOST: Duration = Duration::from_secs(5);
+
 /// Subscribes to `+switch-master` on `sentinel`, and counts each switch of the
-/// primary `name` it announces, subscribing again 100 ms after the connection
-/// drops. A Sentinel whose ACL user may not subscribe is left: the connections
-/// then follow a failover when a request shows it, as they do without this.
+/// primary `name` it announces, subscribing again once the connection drops: 100 ms
+/// later, then twice as long after each try that fails. A Sentinel whose ACL user
+/// may not subscribe is left: the connections then follow a failover when a request
+/// shows it, as they do without this.
 async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>, limit: Duration) {
     const CHANNEL: &str = "+switch-master";
+    let mut pause = RECONNECT_EVERY;
     loop {
         let (pushed, mut pushes) = tokio::sync::mpsc::unbounded_channel();
         let forward = move |push: PushInfo| {
@@ -1575,6 +1582,7 @@ async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>,
         };
         match bounded(limit * 2, subscribed).await {
             Ok(_connection) => {
+                pause = RECONNECT_EVERY;
                 while let Some(push) = pushes.recv().await {
                     match push.kind {
                         PushKind::Message if announces_switch_of(&push.data, &name) => {
@@ -1591,7 +1599,8 @@ async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>,
             Err(refused) if refused.code() == Some("NOPERM") => return,
             Err(_) => {}
         }
-        tokio::time::sleep(RECONNECT_EVERY).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(LISTEN_AGAIN_AT_MOST);
     }
 }
 
