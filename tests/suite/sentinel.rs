@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lock_runtime::{ClientConfig, LockClient, LockError, LockInspector, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockGuard, LockInspector, LockOptions};
 use lock_tests::{SentinelGroup, TcpProxy};
 use redis::Commands;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::{acquire_once_back, acquire_while_down};
@@ -288,32 +289,18 @@ async fn with_two_replicas_a_held_lock_outlives_an_old_primary_that_lives_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_the_old_primary_answered_is_sent_again_to_the_new_one() {
     let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
-    let connect = || LockClient::sentinel(group.sentinel_urls(), group.name);
-    let (holder, waiter) = (connect().await.unwrap(), connect().await.unwrap());
-    // A fixed lease: no renewal takes the holder to the new primary before it releases.
-    let lease = Duration::from_secs(20);
-    let held = holder
-        .acquire("nightly-export", &LockOptions::new().lease(lease))
-        .await
-        .unwrap();
-    let waiting = tokio::spawn(async move {
-        let patient = LockOptions::new().timeout(lease + Duration::from_secs(5));
-        let acquired = waiter.acquire("nightly-export", &patient).await;
-        acquired.map(|guard| (guard, Instant::now()))
-    });
+    let (_, held, waiting) = held_with_a_client_waiting(&group, "nightly-export").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     switch_over_with_the_old_primary_alive(&group);
     let released_at = Instant::now();
     held.release().await.unwrap();
-    let (next, got_at) = waiting.await.unwrap().expect("the waiter got the lock");
-    let waited = got_at.duration_since(released_at);
-    assert!(
-        waited < Duration::from_secs(5),
-        "the waiter got the lock {waited:?} after its release: the release stayed on the \
-         old primary, and the new one kept the lock for its lease"
-    );
-    next.release().await.unwrap();
+    got_soon_after(
+        waiting,
+        released_at,
+        "the release stayed on the old primary, and the new one kept the lock for its lease",
+    )
+    .await;
 }
 
 /// A client that only waits through a planned failover makes no grant or release
@@ -324,18 +311,7 @@ async fn a_release_the_old_primary_answered_is_sent_again_to_the_new_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_only_waits_follows_the_switch_the_sentinels_announce() {
     let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
-    let connect = || LockClient::sentinel(group.sentinel_urls(), group.name);
-    let (holder, waiter) = (connect().await.unwrap(), connect().await.unwrap());
-    let lease = Duration::from_secs(20);
-    let held = holder
-        .acquire("ledger-close", &LockOptions::new().lease(lease))
-        .await
-        .unwrap();
-    let waiting = tokio::spawn(async move {
-        let patient = LockOptions::new().timeout(lease + Duration::from_secs(5));
-        let acquired = waiter.acquire("ledger-close", &patient).await;
-        acquired.map(|guard| (guard, Instant::now()))
-    });
+    let (holder, held, waiting) = held_with_a_client_waiting(&group, "ledger-close").await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
 
     switch_over_with_the_old_primary_alive(&group);
@@ -347,13 +323,47 @@ async fn a_client_that_only_waits_follows_the_switch_the_sentinels_announce() {
     assert!(disowned.is_err(), "{disowned:?}");
     let released_at = Instant::now();
     held.release().await.unwrap();
+    got_soon_after(
+        waiting,
+        released_at,
+        "it stayed on the old primary until the Sentinels demoted it",
+    )
+    .await;
+}
+
+/// What a client waits for: the guard, and when it came.
+type Waiting = JoinHandle<Result<(LockGuard, Instant), LockError>>;
+
+/// `key` held by one client of `group` on a fixed 20 s lease (no renewal takes the
+/// holder to a new primary before it releases), and another client waiting for it:
+/// the holder, its guard, and the wait.
+async fn held_with_a_client_waiting(
+    group: &SentinelGroup,
+    key: &'static str,
+) -> (LockClient, LockGuard, Waiting) {
+    let connect = || LockClient::sentinel(group.sentinel_urls(), group.name);
+    let (holder, waiter) = (connect().await.unwrap(), connect().await.unwrap());
+    let lease = Duration::from_secs(20);
+    let held = holder
+        .acquire(key, &LockOptions::new().lease(lease))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let patient = LockOptions::new().timeout(lease + Duration::from_secs(5));
+        let acquired = waiter.acquire(key, &patient).await;
+        acquired.map(|guard| (guard, Instant::now()))
+    });
+    (holder, held, waiting)
+}
+
+/// Asserts that `waiting` got the lock within 5 s of `released_at`; else `why`.
+async fn got_soon_after(waiting: Waiting, released_at: Instant, why: &str) {
     let (next, got_at) = waiting.await.unwrap().expect("the waiter got the lock");
     let waited = got_at.duration_since(released_at);
     eprintln!("the waiter got the lock {waited:?} after its release");
     assert!(
         waited < Duration::from_secs(5),
-        "the waiter got the lock {waited:?} after its release: it stayed on the old \
-         primary until the Sentinels demoted it"
+        "the waiter got the lock {waited:?} after its release: {why}"
     );
     next.release().await.unwrap();
 }
