@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -984,15 +984,28 @@ impl Reconnecting {
         })
     }
 
-    /// The connection calls take now, unless the Sentinels have announced a switch
-    /// of primary since they were asked for it.
+    /// The connection calls take now, unless the Sentinels have since announced a
+    /// switch to another server than the one it reached.
     fn usable(&self) -> Option<Made> {
+        let Source::Sentinel(named) = &self.shared.source else {
+            return self.read_slot().current.clone();
+        };
+        let heard = named.switches.heard();
         let slot = self.read_slot();
-        let made = slot.current.as_ref()?;
-        match &self.shared.source {
-            Source::Sentinel(named) if named.switches.heard() != slot.switches => None,
-            _ => Some(made.clone()),
+        let made = slot.current.clone()?;
+        if heard == slot.switches {
+            return Some(made);
         }
+        if !named.switches.led_to(slot.reached.as_ref()) {
+            return None;
+        }
+        drop(slot);
+        // At the server announced already: not asked about again for this switch.
+        let mut slot = self.write_slot();
+        if slot.current.as_ref().map(|current| current.number) == Some(made.number) {
+            slot.switches = heard;
+        }
+        Some(made)
     }
 
     async fn connect_now(&self) -> RedisResult<Made> {
@@ -1186,8 +1199,8 @@ async fn watch(traffic: Weak<Traffic>, limit: Duration) {
 }
 
 /// Once the subscriber's connection drops (its primary died, say), or the Sentinels
-/// announce a switch of primary (the old one may answer on for seconds, and the
-/// releases are published on the new one), connects to the primary Sentinel names
+/// announce a switch to another primary (the old one may answer on for seconds, and
+/// the releases are published on the new one), connects to the primary Sentinel names
 /// now and subscribes again to every channel still watched, trying until it can,
 /// then wakes the waiters to look again. Ends with the client.
 async fn resubscribe_after_drops(
@@ -1203,7 +1216,14 @@ async fn resubscribe_after_drops(
                 return;
             },
             // Once the listener has gone, only drops are followed.
-            Ok(()) = switches.changed() => {}
+            Ok(()) = switches.changed() => {
+                let Some(shared) = subscriber.upgrade() else {
+                    return;
+                };
+                if (Reconnecting { shared }).usable().is_some() {
+                    continue;
+                }
+            }
         }
         loop {
             let Some(shared) = subscriber.upgrade() else {
@@ -1327,6 +1347,18 @@ pub(crate) struct Named {
     pub(crate) ip: String,
     pub(crate) port: u16,
     pub(crate) failing_over: bool,
+}
+
+impl Named {
+    /// Whether a connection made to `reached` went to the server named.
+    pub(crate) fn is_at(&self, reached: Option<&ConnectionAddr>) -> bool {
+        match reached {
+            Some(ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. }) => {
+                (host, *port) == (&self.ip, self.port)
+            }
+            _ => false,
+        }
+    }
 }
 
 /// `SENTINEL MASTER`'s answer: its address is the old primary's until the failover
@@ -1519,11 +1551,16 @@ impl NamedPrimary {
     }
 }
 
-/// The switches of primary the Sentinels have announced, counted: a connection made
-/// through them before the last one asks them again which primary to reach.
+/// The switches of primary the Sentinels have announced, counted, and the server
+/// the last one led to: a connection made through them before it, to another
+/// server, asks them again which primary to reach. Each Sentinel announces a switch
+/// as it learns of it, so one failover is heard once per Sentinel; a connection
+/// made after the first that reached a Sentinel still naming the old primary moves
+/// at the next.
 #[derive(Default)]
 pub(crate) struct Switches {
     heard: AtomicU64,
+    to: Mutex<Option<Named>>,
     told: watch::Sender<u64>,
     listening: AtomicBool,
 }
@@ -1533,9 +1570,16 @@ impl Switches {
         self.heard.load(Ordering::Acquire)
     }
 
-    fn announced(&self) {
+    fn announced(&self, to: Named) {
+        *self.to.lock().unwrap_or_else(|p| p.into_inner()) = Some(to);
         let heard = self.heard.fetch_add(1, Ordering::AcqRel) + 1;
         self.told.send_replace(heard);
+    }
+
+    /// Whether the last switch heard led to `reached`.
+    fn led_to(&self, reached: Option<&ConnectionAddr>) -> bool {
+        let to = self.to.lock().unwrap_or_else(|p| p.into_inner());
+        to.as_ref().is_some_and(|to| to.is_at(reached))
     }
 
     /// Each switch heard, as it is heard.
@@ -1585,11 +1629,14 @@ async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>,
                 pause = RECONNECT_EVERY;
                 while let Some(push) = pushes.recv().await {
                     match push.kind {
-                        PushKind::Message if announces_switch_of(&push.data, &name) => {
+                        PushKind::Message => {
+                            let Some(to) = switch_of(&push.data, &name) else {
+                                continue;
+                            };
                             let Some(switches) = switches.upgrade() else {
                                 return;
                             };
-                            switches.announced();
+                            switches.announced(to);
                         }
                         PushKind::Disconnection => break,
                         _ => {}
@@ -1604,14 +1651,20 @@ async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>,
     }
 }
 
-/// Whether a `+switch-master` message (`<name> <old ip> <old port> <new ip> <new
-/// port>`) is about the primary `name`.
-fn announces_switch_of(message: &[Value], name: &str) -> bool {
-    match message.get(1) {
-        Some(Value::BulkString(text)) => {
-            text.split(|byte| *byte == b' ').next() == Some(name.as_bytes())
-        }
-        _ => false,
+/// The new primary a `+switch-master` message (`<name> <old ip> <old port> <new
+/// ip> <new port>`) announces, if it is about the primary `name`.
+fn switch_of(message: &[Value], name: &str) -> Option<Named> {
+    let Some(Value::BulkString(text)) = message.get(1) else {
+        return None;
+    };
+    let words: Vec<&str> = std::str::from_utf8(text).ok()?.split(' ').collect();
+    match words[..] {
+        [about, _, _, ip, port] if about == name => Some(Named {
+            ip: ip.to_owned(),
+            port: port.parse().ok()?,
+            failing_over: false,
+        }),
+        _ => None,
     }
 }
 
@@ -1633,6 +1686,22 @@ fn connection_config(config: &ClientConfig) -> AsyncConnectionConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_switch_is_read_for_its_own_primary_only() {
+        let message = |text: &str| {
+            let channel = Value::BulkString(b"+switch-master".to_vec());
+            vec![channel, Value::BulkString(text.as_bytes().to_vec())]
+        };
+        let to = switch_of(&message("orders 10.0.0.1 6379 10.0.0.2 6380"), "orders");
+        let to = to.expect("a switch of `orders`");
+        assert_eq!((to.ip.as_str(), to.port), ("10.0.0.2", 6380));
+        let reached = ConnectionAddr::Tcp("10.0.0.2".to_owned(), 6380);
+        assert!(to.is_at(Some(&reached)));
+        assert!(!to.is_at(Some(&ConnectionAddr::Tcp("10.0.0.1".to_owned(), 6379))));
+        assert!(switch_of(&message("billing 10.0.0.1 6379 10.0.0.2 6380"), "orders").is_none());
+        assert!(switch_of(&message("orders 10.0.0.1 6379"), "orders").is_none());
+    }
 
     #[test]
     fn cluster_slots_give_each_ranges_primary_and_replicas() {

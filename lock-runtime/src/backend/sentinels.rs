@@ -154,13 +154,7 @@ impl Said {
             && answered.iter().all(|named| {
                 (&named.ip, named.port) == (&first.ip, first.port) && !named.failing_over
             });
-        let is_first = match reached {
-            Some(ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. }) => {
-                (host, *port) == (&first.ip, first.port)
-            }
-            _ => false,
-        };
-        match (agreed, is_first) {
+        match (agreed, first.is_at(reached)) {
             (true, true) => Verdict::Vouched,
             (true, false) => Verdict::Replaced,
             (false, _) => Verdict::Unsettled,
