@@ -1440,10 +1440,10 @@ impl NamedPrimary {
     /// primary's copy of a lock) would otherwise stay with the old primary until
     /// the Sentinels demote it, seconds later.
     fn listen_for_switches(&self) {
-        let (Ok(runtime), Some(mut client_gone)) = (Handle::try_current(), self.switches.listen())
-        else {
+        let Ok(runtime) = Handle::try_current() else {
             return;
         };
+        let mut client_gone = self.switches.told();
         let mut listening = tokio::task::JoinSet::new();
         for sentinel in &self.sentinels {
             if let Connection::Own(own) = sentinel
@@ -1562,7 +1562,6 @@ pub(crate) struct Switches {
     heard: AtomicU64,
     to: Mutex<Option<Named>>,
     told: watch::Sender<u64>,
-    listening: AtomicBool,
 }
 
 impl Switches {
@@ -1582,15 +1581,10 @@ impl Switches {
         to.as_ref().is_some_and(|to| to.is_at(reached))
     }
 
-    /// Each switch heard, as it is heard.
+    /// Each switch heard, as it is heard, until these switches are no longer
+    /// followed by anything.
     fn told(&self) -> watch::Receiver<u64> {
         self.told.subscribe()
-    }
-
-    /// The first time only: a receiver that ends once these switches are no longer
-    /// followed by anything.
-    fn listen(&self) -> Option<watch::Receiver<u64>> {
-        (!self.listening.swap(true, Ordering::AcqRel)).then(|| self.told())
     }
 }
 
