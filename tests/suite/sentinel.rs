@@ -5,7 +5,9 @@
 //! made it, even while a primary the Sentinels failed over from lives on, and
 //! never on that primary, where a grant is refused as soon as they disown it, and a
 //! release that primary answered is sent again to the new one. A client follows the
-//! switches of primary the Sentinels announce, so one that only waits moves at once.
+//! switches of primary the Sentinels announce, so one that only waits moves at once,
+//! and asks them on: one cut off from them through a switch follows it too, and one
+//! whose Sentinel went silent listens anew.
 //! While the primary is down, the Sentinels are asked at a pace, not once per call,
 //! and a Sentinel that is down is listened to again at a falling pace.
 
@@ -331,6 +333,74 @@ async fn a_client_that_only_waits_follows_the_switch_the_sentinels_announce() {
     .await;
 }
 
+/// A client that only waits, cut off from every Sentinel from just before a planned
+/// failover until it was over, heard no announcement of the switch. It still
+/// follows it: once it listens again, it asks each Sentinel which primary it names,
+/// and takes an answer that names another server than before as a switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_follows_a_switch_announced_while_it_could_not_listen() {
+    let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
+    let (proxies, urls) = proxied_sentinels(&group).await;
+    let waiter = LockClient::sentinel(&urls, group.name);
+    let (holder, held, waiting) =
+        held_while_waiting(&group, "payout-batch", waiter.await.unwrap()).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    for proxy in &proxies {
+        // Closed, and a new connection held up until the failover is over.
+        proxy.cut();
+        proxy.stall();
+    }
+    switch_over_with_the_old_primary_alive(&group);
+    let disowned = holder
+        .acquire("payout-open", &LockOptions::new().spin(false))
+        .await;
+    assert!(disowned.is_err(), "{disowned:?}");
+    held.release().await.unwrap();
+    // Until every Sentinel has announced the switch: the last learns of it later.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for proxy in &proxies {
+        proxy.resume();
+    }
+    got_soon_after(
+        waiting,
+        Instant::now(),
+        "it learned of the switch only when the Sentinels demoted the old primary",
+    )
+    .await;
+}
+
+/// A Sentinel whose host went without a word leaves the connection a client
+/// listens on open and silent. The client notices, as it asks every second over
+/// that connection which primary the Sentinel names, and listens anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_gone_silent_is_listened_to_anew() {
+    let group = SentinelGroup::start(Duration::from_secs(60));
+    let (proxies, urls) = proxied_sentinels(&group).await;
+    let config = (ClientConfig::new().replicas(0)).command_timeout(Duration::from_millis(500));
+    let client = LockClient::sentinel_with(&urls, group.name, config)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before: Vec<u64> = proxies.iter().map(TcpProxy::connections).collect();
+
+    for proxy in &proxies {
+        proxy.silence();
+    }
+    // A second to the next question, half a second unanswered, 100 ms's pause.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    for (index, proxy) in proxies.iter().enumerate() {
+        let made = proxy.connections() - before[index];
+        assert_eq!(
+            made, 1,
+            "{made} connections made to Sentinel {index} once it went silent"
+        );
+    }
+    let held = client.acquire("invoice:9", &LockOptions::new()).await;
+    held.unwrap().release().await.unwrap();
+    client.shutdown().await;
+}
+
 /// What a client waits for: the guard, and when it came.
 type Waiting = JoinHandle<Result<(LockGuard, Instant), LockError>>;
 
@@ -341,8 +411,18 @@ async fn held_with_a_client_waiting(
     group: &SentinelGroup,
     key: &'static str,
 ) -> (LockClient, LockGuard, Waiting) {
-    let connect = || LockClient::sentinel(group.sentinel_urls(), group.name);
-    let (holder, waiter) = (connect().await.unwrap(), connect().await.unwrap());
+    let waiter = LockClient::sentinel(group.sentinel_urls(), group.name);
+    held_while_waiting(group, key, waiter.await.unwrap()).await
+}
+
+/// As [`held_with_a_client_waiting`], with `waiter` the client waiting.
+async fn held_while_waiting(
+    group: &SentinelGroup,
+    key: &'static str,
+    waiter: LockClient,
+) -> (LockClient, LockGuard, Waiting) {
+    let holder = LockClient::sentinel(group.sentinel_urls(), group.name);
+    let holder = holder.await.unwrap();
     let lease = Duration::from_secs(20);
     let held = holder
         .acquire(key, &LockOptions::new().lease(lease))
@@ -356,14 +436,15 @@ async fn held_with_a_client_waiting(
     (holder, held, waiting)
 }
 
-/// Asserts that `waiting` got the lock within 5 s of `released_at`; else `why`.
-async fn got_soon_after(waiting: Waiting, released_at: Instant, why: &str) {
+/// Asserts that `waiting` got the lock within 5 s of `could`, the first moment it
+/// could have; else `why`.
+async fn got_soon_after(waiting: Waiting, could: Instant, why: &str) {
     let (next, got_at) = waiting.await.unwrap().expect("the waiter got the lock");
-    let waited = got_at.duration_since(released_at);
-    eprintln!("the waiter got the lock {waited:?} after its release");
+    let waited = got_at.duration_since(could);
+    eprintln!("the waiter got the lock {waited:?} after it first could");
     assert!(
         waited < Duration::from_secs(5),
-        "the waiter got the lock {waited:?} after its release: {why}"
+        "the waiter got the lock {waited:?} after it first could: {why}"
     );
     next.release().await.unwrap();
 }
@@ -764,10 +845,11 @@ async fn a_frozen_sentinel_is_not_given_a_connection_per_try() {
     }
     group.sentinels[2].thaw();
     // The one kept from before, then one try per bound and pace (0.6 s): 6 in 3 s,
-    // where a try per call made 32.
+    // where a try per call made 32. And listening: the connection from before, then
+    // tries at a falling pace once a question goes unanswered (3 in 3 s).
     let made = proxies[2].connections();
     assert!(
-        made <= 8,
+        made <= 11,
         "{calls} calls in 3 s made {made} connections to the frozen Sentinel"
     );
 

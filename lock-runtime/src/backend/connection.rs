@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use pin_project_lite::pin_project;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, watch};
-use tokio::time::Timeout;
+use tokio::time::{MissedTickBehavior, Timeout};
 
 use super::pipe::Pipe;
 use super::signals::Signals;
@@ -1343,6 +1343,7 @@ fn cluster_builder(urls: &[String], config: &ClientConfig) -> ClusterClientBuild
 
 /// What one Sentinel says of the primary: its address, and whether it is failing
 /// it over (or a quorum agreed that it is down, which comes first).
+#[derive(Clone)]
 pub(crate) struct Named {
     pub(crate) ip: String,
     pub(crate) port: u16,
@@ -1358,6 +1359,10 @@ impl Named {
             }
             _ => false,
         }
+    }
+
+    fn is_same(&self, other: &Named) -> bool {
+        (&self.ip, self.port) == (&other.ip, other.port)
     }
 }
 
@@ -1593,14 +1598,24 @@ impl Switches {
 /// hours should not be tried ten times a second by every client.
 const LISTEN_AGAIN_AT_MOST: Duration = Duration::from_secs(5);
 
+/// How often a client asks each Sentinel it listens to, over that connection, which
+/// primary it names. A Sentinel whose host went without a word leaves the connection
+/// open and silent: one that leaves the question unanswered for the bound is listened
+/// to anew. And an answer naming another server than the Sentinel named before tells
+/// of a switch it announced while the client was not listening.
+const LISTENING_CHECKED_EVERY: Duration = Duration::from_secs(1);
+
 /// Subscribes to `+switch-master` on `sentinel`, and counts each switch of the
-/// primary `name` it announces, subscribing again once the connection drops: 100 ms
-/// later, then twice as long after each try that fails. A Sentinel whose ACL user
-/// may not subscribe is left: the connections then follow a failover when a request
-/// shows it, as they do without this.
+/// primary `name` it announces, or that its answers show ([`LISTENING_CHECKED_EVERY`]),
+/// subscribing again once the connection drops or goes silent: 100 ms later, then
+/// twice as long after each try that fails. A Sentinel whose ACL user may not
+/// subscribe is left: the connections then follow a failover when a request shows
+/// it, as they do without this.
 async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>, limit: Duration) {
     const CHANNEL: &str = "+switch-master";
     let mut pause = RECONNECT_EVERY;
+    // The primary this Sentinel last named, kept from one connection to the next.
+    let mut said: Option<Named> = None;
     loop {
         let (pushed, mut pushes) = tokio::sync::mpsc::unbounded_channel();
         let forward = move |push: PushInfo| {
@@ -1619,22 +1634,10 @@ async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>,
             Ok::<_, RedisError>(connection)
         };
         match bounded(limit * 2, subscribed).await {
-            Ok(_connection) => {
+            Ok(connection) => {
                 pause = RECONNECT_EVERY;
-                while let Some(push) = pushes.recv().await {
-                    match push.kind {
-                        PushKind::Message => {
-                            let Some(to) = switch_of(&push.data, &name) else {
-                                continue;
-                            };
-                            let Some(switches) = switches.upgrade() else {
-                                return;
-                            };
-                            switches.announced(to);
-                        }
-                        PushKind::Disconnection => break,
-                        _ => {}
-                    }
+                if !listen_on(connection, &mut pushes, &name, &mut said, &switches).await {
+                    return;
                 }
             }
             Err(refused) if refused.code() == Some("NOPERM") => return,
@@ -1642,6 +1645,46 @@ async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>,
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(LISTEN_AGAIN_AT_MOST);
+    }
+}
+
+/// Counts the switches of the primary `name` that `connection`'s Sentinel announces
+/// (`pushes`) or that its answers show, `said` being what it named last, until the
+/// connection drops or leaves a question unanswered; false once the client has gone.
+async fn listen_on(
+    mut connection: MultiplexedConnection,
+    pushes: &mut tokio::sync::mpsc::UnboundedReceiver<PushInfo>,
+    name: &str,
+    said: &mut Option<Named>,
+    switches: &Weak<Switches>,
+) -> bool {
+    // The first check is at once: it finds a switch made while no connection listened.
+    let mut checks = tokio::time::interval(LISTENING_CHECKED_EVERY);
+    checks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        let switched = tokio::select! {
+            push = pushes.recv() => match push {
+                Some(PushInfo { kind: PushKind::Message, data }) => {
+                    switch_of(&data, name).inspect(|to| *said = Some(to.clone()))
+                }
+                Some(PushInfo { kind: PushKind::Disconnection, .. }) | None => return true,
+                Some(_) => None,
+            },
+            _ = checks.tick() => match named_by(&mut connection, name).await {
+                Ok(named) if !named.failing_over => {
+                    let before = said.replace(named.clone());
+                    before.filter(|before| !before.is_same(&named)).map(|_| named)
+                }
+                Err(silent) if silent.is_io_error() => return true,
+                _ => None,
+            },
+        };
+        if let Some(to) = switched {
+            let Some(switches) = switches.upgrade() else {
+                return false;
+            };
+            switches.announced(to);
+        }
     }
 }
 
