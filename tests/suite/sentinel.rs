@@ -7,7 +7,7 @@
 //! release that primary answered is sent again to the new one. A client follows the
 //! switches of primary the Sentinels announce, so one that only waits moves at once,
 //! and asks them on: one cut off from them through a switch follows it too, and one
-//! whose Sentinel went silent listens anew.
+//! whose Sentinels went silent listens anew and asks them on new connections.
 //! While the primary is down, the Sentinels are asked at a pace, not once per call,
 //! and a Sentinel that is down is listened to again at a falling pace.
 
@@ -316,15 +316,7 @@ async fn a_client_that_only_waits_follows_the_switch_the_sentinels_announce() {
     let (holder, held, waiting) = held_with_a_client_waiting(&group, "ledger-close").await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
 
-    switch_over_with_the_old_primary_alive(&group);
-    // The holder learns of the switch from a grant the Sentinels disown, and
-    // releases on the new primary: the old one keeps its copy of the lock.
-    let disowned = holder
-        .acquire("ledger-open", &LockOptions::new().spin(false))
-        .await;
-    assert!(disowned.is_err(), "{disowned:?}");
-    let released_at = Instant::now();
-    held.release().await.unwrap();
+    let released_at = switch_over_then_release(&group, &holder, held).await;
     got_soon_after(
         waiting,
         released_at,
@@ -351,12 +343,7 @@ async fn a_client_follows_a_switch_announced_while_it_could_not_listen() {
         proxy.cut();
         proxy.stall();
     }
-    switch_over_with_the_old_primary_alive(&group);
-    let disowned = holder
-        .acquire("payout-open", &LockOptions::new().spin(false))
-        .await;
-    assert!(disowned.is_err(), "{disowned:?}");
-    held.release().await.unwrap();
+    switch_over_then_release(&group, &holder, held).await;
     // Until every Sentinel has announced the switch: the last learns of it later.
     tokio::time::sleep(Duration::from_secs(3)).await;
     for proxy in &proxies {
@@ -366,6 +353,33 @@ async fn a_client_follows_a_switch_announced_while_it_could_not_listen() {
         waiting,
         Instant::now(),
         "it learned of the switch only when the Sentinels demoted the old primary",
+    )
+    .await;
+}
+
+/// A client that only waits, whose connections to the Sentinels all went silent (as
+/// when a firewall drops the flows) just before a planned failover, follows the
+/// switch: its listening finds each Sentinel silent and listens anew, and has the
+/// connection it asks that Sentinel questions on made again too, so that the
+/// question that moves it to the new primary is not lost to the silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_sentinels_went_silent_follows_a_switch() {
+    let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
+    let (proxies, urls) = proxied_sentinels(&group).await;
+    let config = ClientConfig::new().command_timeout(Duration::from_millis(500));
+    let waiter = LockClient::sentinel_with(&urls, group.name, config);
+    let (holder, held, waiting) =
+        held_while_waiting(&group, "payout-retry", waiter.await.unwrap()).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    for proxy in &proxies {
+        proxy.silence();
+    }
+    let released_at = switch_over_then_release(&group, &holder, held).await;
+    got_soon_after(
+        waiting,
+        released_at,
+        "it asked the silent Sentinels where the new primary is",
     )
     .await;
 }
@@ -485,6 +499,24 @@ async fn a_grant_the_sentinels_disown_is_refused_without_waiting_for_replicas() 
         took < replica_timeout / 3,
         "refused after {took:?}, with a replica timeout of {replica_timeout:?}"
     );
+}
+
+/// A planned failover with the old primary alive, after which `holder` learns of the
+/// switch from a grant the Sentinels disown and releases `held` on the new primary
+/// (the old one keeps its copy of the lock): when it released.
+async fn switch_over_then_release(
+    group: &SentinelGroup,
+    holder: &LockClient,
+    held: LockGuard,
+) -> Instant {
+    switch_over_with_the_old_primary_alive(group);
+    let disowned = holder
+        .acquire("disowned", &LockOptions::new().spin(false))
+        .await;
+    assert!(disowned.is_err(), "{disowned:?}");
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    released_at
 }
 
 /// `SENTINEL FAILOVER`, and back once every Sentinel names the promoted replica,

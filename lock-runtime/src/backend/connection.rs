@@ -1085,6 +1085,14 @@ impl Reconnecting {
             .is_some_and(|made| made.number == number)
     }
 
+    /// Forgets the connection calls take now: another to the same server went silent.
+    fn forget_current(&self) {
+        let current = self.read_slot().current.as_ref().map(|made| made.number);
+        if let Some(number) = current {
+            self.forget(number);
+        }
+    }
+
     /// Forgets connection `number`, unless a newer one has taken its place.
     fn forget(&self, number: u64) {
         let mut slot = self.write_slot();
@@ -1451,13 +1459,9 @@ impl NamedPrimary {
         let mut client_gone = self.switches.told();
         let mut listening = tokio::task::JoinSet::new();
         for sentinel in &self.sentinels {
-            if let Connection::Own(own) = sentinel
-                && let Source::Server(client) = &own.shared.source
-            {
-                let (client, name) = ((**client).clone(), self.name.clone());
-                let (switches, limit) =
-                    (Arc::downgrade(&self.switches), self.config.command_timeout);
-                listening.spawn_on(hear_switches(client, name, switches, limit), &runtime);
+            if let Connection::Own(asked) = sentinel {
+                let (name, switches) = (self.name.clone(), Arc::downgrade(&self.switches));
+                listening.spawn_on(hear_switches(asked.clone(), name, switches), &runtime);
             }
         }
         runtime.spawn(async move {
@@ -1605,14 +1609,20 @@ const LISTEN_AGAIN_AT_MOST: Duration = Duration::from_secs(5);
 /// of a switch it announced while the client was not listening.
 const LISTENING_CHECKED_EVERY: Duration = Duration::from_secs(1);
 
-/// Subscribes to `+switch-master` on `sentinel`, and counts each switch of the
-/// primary `name` it announces, or that its answers show ([`LISTENING_CHECKED_EVERY`]),
-/// subscribing again once the connection drops or goes silent: 100 ms later, then
-/// twice as long after each try that fails. A Sentinel whose ACL user may not
-/// subscribe is left: the connections then follow a failover when a request shows
-/// it, as they do without this.
-async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>, limit: Duration) {
+/// Subscribes to `+switch-master` on the Sentinel `asked` reaches, and counts each
+/// switch of the primary `name` it announces, or that its answers show
+/// ([`LISTENING_CHECKED_EVERY`]), subscribing again once the connection drops or goes
+/// silent: 100 ms later, then twice as long after each try that fails. Silent, it has
+/// `asked` connect again too, for the questions it carries: the first would otherwise
+/// fail the call that asked it. A Sentinel whose ACL user may not subscribe is left:
+/// the connections then follow a failover when a request shows it, as they do
+/// without this.
+async fn hear_switches(asked: Reconnecting, name: String, switches: Weak<Switches>) {
     const CHANNEL: &str = "+switch-master";
+    let Source::Server(sentinel) = &asked.shared.source else {
+        return;
+    };
+    let limit = asked.shared.limit;
     let mut pause = RECONNECT_EVERY;
     // The primary this Sentinel last named, kept from one connection to the next.
     let mut said: Option<Named> = None;
@@ -1627,7 +1637,7 @@ async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>,
                 .set_connection_timeout(Some(limit))
                 .set_response_timeout(Some(limit))
                 .set_push_sender(forward);
-            let mut connection = resp3(&sentinel)?
+            let mut connection = resp3(sentinel)?
                 .get_multiplexed_async_connection_with_config(&connecting)
                 .await?;
             connection.subscribe(CHANNEL).await?;
@@ -1636,8 +1646,10 @@ async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>,
         match bounded(limit * 2, subscribed).await {
             Ok(connection) => {
                 pause = RECONNECT_EVERY;
-                if !listen_on(connection, &mut pushes, &name, &mut said, &switches).await {
-                    return;
+                match listen_on(connection, &mut pushes, &name, &mut said, &switches).await {
+                    Listened::Dropped => {}
+                    Listened::Silent => asked.forget_current(),
+                    Listened::ClientGone => return,
                 }
             }
             Err(refused) if refused.code() == Some("NOPERM") => return,
@@ -1648,16 +1660,24 @@ async fn hear_switches(sentinel: Client, name: String, switches: Weak<Switches>,
     }
 }
 
+/// How listening on one connection to a Sentinel ended.
+enum Listened {
+    Dropped,
+    /// It left a question unanswered for the bound.
+    Silent,
+    ClientGone,
+}
+
 /// Counts the switches of the primary `name` that `connection`'s Sentinel announces
 /// (`pushes`) or that its answers show, `said` being what it named last, until the
-/// connection drops or leaves a question unanswered; false once the client has gone.
+/// connection drops or goes silent, or the client goes.
 async fn listen_on(
     mut connection: MultiplexedConnection,
     pushes: &mut tokio::sync::mpsc::UnboundedReceiver<PushInfo>,
     name: &str,
     said: &mut Option<Named>,
     switches: &Weak<Switches>,
-) -> bool {
+) -> Listened {
     // The first check is at once: it finds a switch made while no connection listened.
     let mut checks = tokio::time::interval(LISTENING_CHECKED_EVERY);
     checks.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -1667,7 +1687,9 @@ async fn listen_on(
                 Some(PushInfo { kind: PushKind::Message, data }) => {
                     switch_of(&data, name).inspect(|to| *said = Some(to.clone()))
                 }
-                Some(PushInfo { kind: PushKind::Disconnection, .. }) | None => return true,
+                Some(PushInfo { kind: PushKind::Disconnection, .. }) | None => {
+                    return Listened::Dropped;
+                }
                 Some(_) => None,
             },
             _ = checks.tick() => match named_by(&mut connection, name).await {
@@ -1675,13 +1697,13 @@ async fn listen_on(
                     let before = said.replace(named.clone());
                     before.filter(|before| !before.is_same(&named)).map(|_| named)
                 }
-                Err(silent) if silent.is_io_error() => return true,
+                Err(silent) if silent.is_io_error() => return Listened::Silent,
                 _ => None,
             },
         };
         if let Some(to) = switched {
             let Some(switches) = switches.upgrade() else {
-                return false;
+                return Listened::ClientGone;
             };
             switches.announced(to);
         }
