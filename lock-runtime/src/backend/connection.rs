@@ -1085,7 +1085,8 @@ impl Reconnecting {
             .is_some_and(|made| made.number == number)
     }
 
-    /// Forgets the connection calls take now: another to the same server went silent.
+    /// Forgets the connection calls take now: another to the same server went silent,
+    /// and this one likely is too: the next call over it would fail.
     fn forget_current(&self) {
         let current = self.read_slot().current.as_ref().map(|made| made.number);
         if let Some(number) = current {
@@ -1663,7 +1664,7 @@ async fn hear_switches(asked: Reconnecting, name: String, switches: Weak<Switche
 /// How listening on one connection to a Sentinel ended.
 enum Listened {
     Dropped,
-    /// It left a question unanswered for the bound.
+    /// A question got no answer: none within the bound, or the connection broke.
     Silent,
     ClientGone,
 }
