@@ -1370,7 +1370,8 @@ impl Named {
         }
     }
 
-    fn is_same(&self, other: &Named) -> bool {
+    /// Whether two answers name the same server.
+    pub(crate) fn is_same(&self, other: &Named) -> bool {
         (&self.ip, self.port) == (&other.ip, other.port)
     }
 }

@@ -151,9 +151,9 @@ impl Said {
             return Verdict::Unsettled;
         };
         let agreed = answered.len() * 2 > self.0.len()
-            && answered.iter().all(|named| {
-                (&named.ip, named.port) == (&first.ip, first.port) && !named.failing_over
-            });
+            && answered
+                .iter()
+                .all(|named| named.is_same(first) && !named.failing_over);
         match (agreed, first.is_at(reached)) {
             (true, true) => Verdict::Vouched,
             (true, false) => Verdict::Replaced,
