@@ -4,10 +4,11 @@
 //! URL's password and database. A grant or renewal is confirmed on the server that
 //! made it, even while a primary the Sentinels failed over from lives on, and
 //! never on that primary, where a grant is refused as soon as they disown it, and a
-//! release that primary answered is sent again to the new one. A client follows the
-//! switches of primary the Sentinels announce, so one that only waits moves at once,
-//! and asks them on: one cut off from them through a switch follows it too, and one
-//! whose Sentinels went silent listens anew and asks them on new connections.
+//! release or a give-back that primary answered is sent again to the new one. A
+//! client follows the switches of primary the Sentinels announce, so one that only
+//! waits moves at once, and asks them on: one cut off from them through a switch
+//! follows it too, and one whose Sentinels went silent listens anew and asks them on
+//! new connections.
 //! While the primary is down, the Sentinels are asked at a pace, not once per call,
 //! and a Sentinel that is down is listened to again at a falling pace.
 
@@ -303,6 +304,50 @@ async fn a_release_the_old_primary_answered_is_sent_again_to_the_new_one() {
         "the release stayed on the old primary, and the new one kept the lock for its lease",
     )
     .await;
+}
+
+/// A grant whose caller went while the Sentinels were slow to vouch for it is given
+/// back once they answer. A planned failover meanwhile has it given back on the old
+/// primary, which frees nothing on the new one: it is sent again there, as a release
+/// is, so a client waiting for the lock gets it within moments, not once the lease
+/// of a grant nobody holds ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_given_back_on_the_old_primary_is_given_back_on_the_new_one() {
+    let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
+    let (proxies, urls) = proxied_sentinels(&group).await;
+    let patient = ClientConfig::new().command_timeout(Duration::from_secs(10));
+    let leaving = LockClient::sentinel_with(&urls, group.name, patient);
+    let leaving = leaving.await.unwrap();
+    let waiter = LockClient::sentinel(group.sentinel_urls(), group.name);
+    let waiter = waiter.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    // The grant is made on the primary at once; the Sentinels' word on it, and on
+    // the switch below, reaches its client 4 s late.
+    for proxy in &proxies {
+        proxy.delay_answers(Duration::from_secs(4));
+    }
+    let gone =
+        tokio::spawn(async move { leaving.acquire("refund-run", &LockOptions::new()).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gone.abort();
+    let waiting = tokio::spawn(async move {
+        let patient = LockOptions::new().timeout(Duration::from_secs(40));
+        let acquired = waiter.acquire("refund-run", &patient).await;
+        acquired.map(|guard| (guard, Instant::now()))
+    });
+    switch_over_with_the_old_primary_alive(&group);
+    let switched_at = Instant::now();
+    // Its follow-up asks the slow Sentinels twice: 4 s each, then a release.
+    let (next, got_at) = waiting.await.unwrap().expect("the waiter got the lock");
+    let waited = got_at.duration_since(switched_at);
+    eprintln!("the waiter got the lock {waited:?} after the switch");
+    assert!(
+        waited < Duration::from_secs(20),
+        "the waiter got the lock {waited:?} after the switch: the grant stayed on the new \
+         primary for its lease"
+    );
+    next.release().await.unwrap();
 }
 
 /// A client that only waits through a planned failover makes no grant or release

@@ -76,7 +76,7 @@ pub(super) async fn until_granted(
             Attempt::Granted { .. } => {
                 telemetry::granted_late(name.key());
                 if place.take().is_none() {
-                    backend.withdraw(&name, &token);
+                    backend.withdraw(&name, &token, plan.lease);
                 }
                 if !plan.spin {
                     return Err(busy(&name));
@@ -100,6 +100,7 @@ pub(super) async fn until_granted(
                 backend: backend.clone(),
                 name: name.clone(),
                 token,
+                lease: plan.lease,
                 taken: false,
             });
         }
@@ -153,13 +154,14 @@ struct QueuePlace {
     backend: Arc<Backend>,
     name: LockName,
     token: Arc<str>,
+    lease: Duration,
     taken: bool,
 }
 
 impl Drop for QueuePlace {
     fn drop(&mut self) {
         if !self.taken {
-            self.backend.withdraw(&self.name, &self.token);
+            self.backend.withdraw(&self.name, &self.token, self.lease);
         }
     }
 }

@@ -209,6 +209,7 @@ impl Backend {
             name: name.clone(),
             token: token.clone(),
             joined: queue.joins(),
+            lease,
         };
         let request = {
             let claim = claim.clone();
@@ -255,15 +256,17 @@ impl Backend {
         }
     }
 
-    /// Takes `token` out of the queue for `name` in the background, releasing the
-    /// lock if it was passed to it meanwhile: for a waiter that gives up.
-    pub(crate) fn withdraw(self: &Arc<Self>, name: &LockName, token: &Arc<str>) {
+    /// Takes `token`, which asked for `lease`, out of the queue for `name` in the
+    /// background, releasing the lock if it was passed to it meanwhile: for a waiter
+    /// that gives up.
+    pub(crate) fn withdraw(self: &Arc<Self>, name: &LockName, token: &Arc<str>, lease: Duration) {
         if let Ok(runtime) = Handle::try_current() {
             let claim = Claim {
                 backend: self.clone(),
                 name: name.clone(),
                 token: token.clone(),
                 joined: true,
+                lease,
             };
             self.background.spawn_on(&runtime, claim.withdraw());
         }
@@ -456,20 +459,28 @@ impl Backend {
     }
 }
 
-/// One token's request for a lock, withdrawn when nobody takes what it may have
-/// been granted, or the place it may have taken in the queue: the caller went, or
-/// the answer was an error and the request may have been applied anyway.
+/// One token's request for a lock, for `lease`, withdrawn when nobody takes what it
+/// may have been granted, or the place it may have taken in the queue: the caller
+/// went, or the answer was an error and the request may have been applied anyway.
 #[derive(Clone)]
 struct Claim {
     backend: Arc<Backend>,
     name: LockName,
     token: Arc<str>,
     joined: bool,
+    lease: Duration,
 }
 
 impl Claim {
+    /// A grant given back is followed through Sentinel as a release is, for the
+    /// lease it asked for: the token is used no more, so sending it again frees
+    /// nothing but this grant.
     async fn withdraw(self) {
-        let _ = self.backend.leave(&self.name, &self.token).await;
+        let left = self.backend.leave(&self.name, &self.token).await;
+        if let Ok(Released::Freed) = left {
+            self.backend
+                .check_release(self.name, self.token, self.lease);
+        }
     }
 }
 
