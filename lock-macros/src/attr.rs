@@ -200,13 +200,22 @@ where
     let keyword: K = first_keyword(input, slot.is_some())?;
     let name = keyword.to_token_stream().to_string();
     let eq: Token![=] = input.parse()?;
-    let expr: Expr = input.parse()?;
+    let expr = ungrouped(input.parse()?);
     let value = convert(&name, &expr)?;
     *slot = Some(Setting {
         value,
         tokens: quote!(#keyword #eq #expr),
     });
     Ok(())
+}
+
+/// `expr` without the invisible group around a value that `macro_rules!` passed in
+/// (`prefix = $prefix`, with `$prefix:literal` or `$prefix:expr`).
+fn ungrouped(expr: Expr) -> Expr {
+    match expr {
+        Expr::Group(group) => ungrouped(*group.expr),
+        expr => expr,
+    }
 }
 
 /// The option's name, refused when the option was given before.
@@ -366,7 +375,9 @@ fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Code<Expr>>> {
             array,
             "`keys` is empty; list at least one key, or drop `keys` to take one lock per prefix",
         )),
-        Expr::Array(array) => array.elems.iter().map(key).collect(),
+        Expr::Array(array) => (array.elems.iter())
+            .map(|elem| key(&ungrouped(elem.clone())))
+            .collect(),
         Expr::Lit(_) => Ok(vec![key(expr)?]),
         _ => Err(syn::Error::new_spanned(
             expr,

@@ -243,6 +243,9 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
         let #lock_error_into = #conversion;
         let #client: #private::LockClient = #client_value;
         let #prefix_value: &str = #prefix;
+        // The cast that reports a key that is not `Display` (above) is one the
+        // compiler would make anyway.
+        #[allow(trivial_casts)]
         let #key = #key_value;
         let #lock_options = #private::LockOptions::new() #setters;
         let #guard = #acquire;

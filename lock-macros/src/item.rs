@@ -62,10 +62,16 @@ impl Function {
             });
         }
         let Some(output) = async_trait_output(&item.sig.output) else {
-            return Err(syn::Error::new_spanned(
-                item.sig.fn_token,
-                "`#[distributed_lock]` requires an `async fn`",
-            ));
+            let message = match calls_block_on(item.block.to_token_stream()) {
+                false => "`#[distributed_lock]` requires an `async fn`",
+                true => {
+                    "`#[distributed_lock]` requires an `async fn`; this fn's body calls \
+                     `block_on`, as `#[tokio::main]` and `#[tokio::test]` write it (an \
+                     attribute above `#[distributed_lock]` may have rewritten the fn: put \
+                     `#[distributed_lock]` above that attribute)"
+                }
+            };
+            return Err(syn::Error::new_spanned(item.sig.fn_token, message));
         };
         let output = Some(output).filter(|ty| !is_unit(ty));
         let Some((rebinding, body)) = async_trait_body(&mut item.block) else {
@@ -91,6 +97,11 @@ impl Function {
 
     pub(crate) fn sig(&self) -> &syn::Signature {
         &self.item.sig
+    }
+
+    /// The attributes left on the fn: those below `#[distributed_lock]`.
+    pub(crate) fn attrs(&self) -> &[syn::Attribute] {
+        &self.item.attrs
     }
 
     /// The fn with `locked` where its body was.
@@ -373,6 +384,15 @@ fn is_valued_body(local: &Local) -> bool {
         && is_block_init(local)
 }
 
+/// Whether `tokens` name `block_on` anywhere, as a runtime's entry point does.
+fn calls_block_on(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|token| match token {
+        TokenTree::Ident(ident) => ident == "block_on",
+        TokenTree::Group(group) => calls_block_on(group.stream()),
+        _ => false,
+    })
+}
+
 /// `let _: () = { .. };`, or `let () = { .. };` as some versions write it.
 fn is_unit_body(local: &Local) -> bool {
     let unit_pattern = match &local.pat {
@@ -411,14 +431,22 @@ fn parameters<'a>(
             bindings(&local.pat, &mut names);
         }
     }
-    // `__self` and `__argN` are `#[async_trait]`'s names, not the user's.
     let mut seen = Vec::new();
     names.retain(|name| {
-        let fresh = !name.to_string().starts_with("__") && !seen.contains(name);
+        let fresh = !is_async_trait_own(name) && !seen.contains(name);
         seen.push(name.clone());
         fresh
     });
     names
+}
+
+/// `__self` and `__arg0`, `__arg1`..: `#[async_trait]`'s names, not the user's.
+fn is_async_trait_own(name: &Ident) -> bool {
+    let name = name.to_string();
+    let argument = name.strip_prefix("__arg").is_some_and(|number| {
+        !number.is_empty() && number.bytes().all(|digit| digit.is_ascii_digit())
+    });
+    name == "__self" || argument
 }
 
 pub(crate) fn bindings(pat: &Pat, names: &mut Vec<Ident>) {

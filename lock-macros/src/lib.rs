@@ -69,8 +69,10 @@ use syn::ItemFn;
 /// other fn that returns a future (a boxed one written by hand included): it could
 /// not tell which part of such a fn is the body, and would lock less than it seems
 /// to. The attribute stacks with `#[tracing::instrument]` (`#[async_trait]` methods
-/// included) and `#[axum::debug_handler]` in either order, and goes under Actix's
-/// route macros (`#[post("/")]`).
+/// included) and `#[axum::debug_handler]` in either order, goes under Actix's
+/// route macros (`#[post("/")]`), and above `#[tokio::main]` and `#[tokio::test]`,
+/// which make the fn a plain one. Its options may come from `macro_rules!`
+/// fragments (`prefix = $prefix`).
 ///
 /// Without a `client` option the fn uses the client given to
 /// `lock_runtime::set_default_client` at start-up, and returns
@@ -97,7 +99,11 @@ use syn::ItemFn;
 /// attribute; should two such fns come to one default prefix, the second to run in
 /// a process fails with `LockError::InvalidOptions` instead of sharing the lock:
 /// give each a `prefix`. The default does not depend on the compiler, so every
-/// build of the same code names the same lock.
+/// build of the same code names the same lock; it starts with the crate's name,
+/// though, so code compiled into two crates, or moved to another module, names
+/// another lock: a lock shared across those needs a `prefix`. Two
+/// `#[distributed_lock]` on one fn would come to the same default, and do not
+/// compile unless one of them has a `prefix`.
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};
@@ -110,7 +116,7 @@ use syn::ItemFn;
 /// ## `keys(expr, ...)`, `keys = "expr"` or `keys = ["expr", ...]`
 ///
 /// Rust expressions over the fn's parameters, each appended to the key through its
-/// `Display`: written as code, `keys(from.id, to.id)`, which editors see and rename
+/// `Display`: written as code, `keys(show.id, seat)`, which editors see and rename
 /// like any other code, or each in a string. Both forms give the same key. Names
 /// bound by patterns count as parameters, and so does `self`. An expression may be
 /// of any kind (`db.tenant_of(user).await`, `if admin { 0 } else { id }`, a `match`,
@@ -120,11 +126,15 @@ use syn::ItemFn;
 /// every call, and belongs in `prefix`. Without `keys`, the fn takes one lock per
 /// prefix.
 ///
+/// The parts form one lock (`book:7:12` below). A transfer between two accounts,
+/// which must exclude every other transfer touching either, takes a lock per account
+/// instead: see `multi`.
+///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};
-/// # struct Account { id: u64 }
-/// #[distributed_lock(keys(from.id, to.id))]
-/// async fn transfer(from: &Account, to: &Account, cents: u64) -> Result<(), LockError> {
+/// # struct Show { id: u64 }
+/// #[distributed_lock(prefix = "book", keys(show.id, seat))]
+/// async fn book(show: &Show, seat: u32) -> Result<(), LockError> {
 ///     Ok(())
 /// }
 ///
@@ -132,7 +142,7 @@ use syn::ItemFn;
 /// async fn paint((x, y): (i32, i32)) -> Result<(), LockError> {
 ///     Ok(())
 /// }
-/// # let _ = (transfer, paint);
+/// # let _ = (book, paint);
 /// ```
 ///
 /// ## `spin = bool`

@@ -5,8 +5,8 @@ use syn::ext::IdentExt;
 use syn::punctuated::Punctuated;
 use syn::visit::Visit;
 use syn::{
-    Expr, ExprLit, GenericArgument, Ident, Lit, LitStr, Pat, PathArguments, ReturnType, Stmt,
-    Token, Type, TypeParamBound,
+    Attribute, Expr, ExprLit, GenericArgument, Ident, Lit, LitStr, Meta, Pat, PathArguments,
+    ReturnType, Stmt, Token, Type, TypeParamBound,
 };
 
 use crate::attr::{Options, Setting, WATCHDOG_LEASE_MS};
@@ -49,6 +49,19 @@ pub(crate) fn check(options: &Options, function: &Function) -> syn::Result<Retur
             ),
         ));
     }
+    if options.prefix.is_none()
+        && let Some(below) = function
+            .attrs()
+            .iter()
+            .find(|attr| takes_the_default_too(attr))
+    {
+        errors.push(syn::Error::new_spanned(
+            below,
+            "this `#[distributed_lock]` and the one above it would both take the fn's default \
+             prefix, which the runtime gives to one of them only, so every call would fail \
+             with `InvalidOptions`: give one of them a `prefix`",
+        ));
+    }
     for key in options.keys.iter().flat_map(|keys| &keys.value) {
         if let Err(error) = uses_a_parameter(&key.code, params, options, function) {
             errors.push(error);
@@ -62,6 +75,20 @@ pub(crate) fn check(options: &Options, function: &Function) -> syn::Result<Retur
             Err(first)
         }
     }
+}
+
+/// Whether `attr` is another `#[distributed_lock]`, one with no `prefix`.
+fn takes_the_default_too(attr: &Attribute) -> bool {
+    let named =
+        (attr.path().segments.last()).is_some_and(|segment| segment.ident == "distributed_lock");
+    named
+        && match &attr.meta {
+            Meta::Path(_) => true,
+            Meta::List(list) => {
+                (list.parse_args::<Options>()).is_ok_and(|options| options.prefix.is_none())
+            }
+            Meta::NameValue(_) => false,
+        }
 }
 
 const EXPECTED: &str = "to report a lock it could not take, `#[distributed_lock]` needs the fn \

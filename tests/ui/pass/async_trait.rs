@@ -16,6 +16,7 @@ trait Orders {
     async fn traced_ret(&self, id: u64) -> Result<u64, LockError>;
     async fn traced_inside(&self, id: u64) -> Result<String, LockError>;
     async fn create(locks: &LockClient, id: u64) -> Result<u64, LockError>;
+    async fn for_tenant(&self, __tenant: u64) -> Result<String, LockError>;
 
     #[tracing::instrument(skip(self))]
     #[distributed_lock(client = "self.locks()", prefix = "orders:default", keys(id), guard = lock)]
@@ -85,6 +86,12 @@ impl Orders for Shop {
         Ok(id)
     }
 
+    // Named like `#[async_trait]`'s own `__self` and `__arg0`, but the user's.
+    #[distributed_lock(client = "self.locks", prefix = "tenant", keys(__tenant), guard = lock)]
+    async fn for_tenant(&self, __tenant: u64) -> Result<String, LockError> {
+        Ok(lock.key().to_owned())
+    }
+
     fn locks(&self) -> &LockClient {
         &self.locks
     }
@@ -132,6 +139,7 @@ async fn main() {
     assert_eq!(shop.traced_inside(8).await.unwrap(), "traced:8");
     assert_eq!(shop.traced_default(9).await.unwrap(), "orders:default:9");
     assert_eq!(Shop::create(&shop.locks, 4).await.unwrap(), 4);
+    assert_eq!(shop.for_tenant(11).await.unwrap(), "tenant:11");
 
     let held = shop
         .locks
