@@ -92,6 +92,22 @@ impl<T: ToTokens> Code<T> {
     }
 }
 
+/// The key's first part: written out, or named, a `&str` constant the fn's code
+/// can name too.
+pub(crate) enum Prefix {
+    Written(LitStr),
+    Named(Path),
+}
+
+impl ToTokens for Prefix {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        match self {
+            Prefix::Written(lit) => lit.to_tokens(tokens),
+            Prefix::Named(path) => path.to_tokens(tokens),
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 pub(crate) enum OnLost {
     Cancel,
@@ -100,7 +116,7 @@ pub(crate) enum OnLost {
 
 #[derive(Default)]
 pub(crate) struct Options {
-    pub(crate) prefix: Option<Setting<LitStr>>,
+    pub(crate) prefix: Option<Setting<Prefix>>,
     /// Each key expression; parsed from a string, its tokens carry the string's span.
     pub(crate) keys: Option<Setting<Vec<Code<Expr>>>>,
     pub(crate) spin: Option<Setting<bool>>,
@@ -346,9 +362,25 @@ fn embedded<T>(
     })
 }
 
-fn prefix(name: &str, expr: &Expr) -> syn::Result<LitStr> {
+fn prefix(name: &str, expr: &Expr) -> syn::Result<Prefix> {
+    // A constant's name, by its case: a lowercase one is more likely a string
+    // without its quotes.
+    if let Expr::Path(path) = expr
+        && path.qself.is_none()
+        && let Some(last) = path.path.segments.last()
+        && last
+            .ident
+            .unraw()
+            .to_string()
+            .starts_with(|c: char| c.is_ascii_uppercase())
+    {
+        return Ok(Prefix::Named(path.path.clone()));
+    }
     let lit = string(expr, || {
-        format!("`{name}` takes a string, like `{name} = \"order\"`")
+        format!(
+            "`{name}` takes a string, like `{name} = \"order\"`, or the name of a `&str` \
+             constant, like `{name} = ORDER_LOCKS`"
+        )
     })?;
     if lit.value().is_empty() {
         return Err(syn::Error::new_spanned(
@@ -356,7 +388,7 @@ fn prefix(name: &str, expr: &Expr) -> syn::Result<LitStr> {
             "`prefix` must not be empty; drop it to use the fn's module path and name",
         ));
     }
-    Ok(lit)
+    Ok(Prefix::Written(lit))
 }
 
 fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Code<Expr>>> {

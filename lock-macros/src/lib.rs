@@ -84,11 +84,14 @@ use syn::ItemFn;
 /// separated by commas. Times (`*_ms`) are whole milliseconds, at least 1, written
 /// without a suffix.
 ///
-/// ## `prefix = "name"`
+/// ## `prefix = "name"` or `prefix = CONSTANT`
 ///
 /// The first part of the key, taken as written: `prefix = "tenant:order"` with a key
 /// of `42` names the same lock as `LockKey::new("tenant:order").part(42)` and the
-/// plain key `"tenant:order:42"`.
+/// plain key `"tenant:order:42"`. A `&str` constant or static, named by a path
+/// that ends in a capital (`prefix = ORDER_LOCKS`, `prefix = locks::EXPORTS`),
+/// gives its value, so the code that builds or inspects the same keys can name
+/// the same constant.
 ///
 /// A free fn defaults to its module path and name (`my_crate::orders::cancel`), so
 /// two fns named alike in two modules never share a lock. A method has no default:
@@ -126,9 +129,9 @@ use syn::ItemFn;
 /// every call, and belongs in `prefix`. Without `keys`, the fn takes one lock per
 /// prefix.
 ///
-/// The parts form one lock (`book:7:12` below). A transfer between two accounts,
-/// which must exclude every other transfer touching either, takes a lock per account
-/// instead: see `multi`.
+/// The parts form one lock (`book:7:12` for seat 12 of show 7 below). A transfer
+/// between two accounts, which must exclude every other transfer touching either,
+/// takes a lock per account instead: see `multi`.
 ///
 /// ```
 /// # use lock_runtime::{LockError, distributed_lock};

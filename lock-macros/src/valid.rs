@@ -9,7 +9,7 @@ use syn::{
     ReturnType, Stmt, Token, Type, TypeParamBound,
 };
 
-use crate::attr::{Options, Setting, WATCHDOG_LEASE_MS};
+use crate::attr::{Options, Prefix, Setting, WATCHDOG_LEASE_MS};
 use crate::item::Function;
 
 /// How a lock error reaches the caller.
@@ -311,13 +311,16 @@ fn uses_a_parameter(
             format!("`{stranger}` in this key is not a parameter; {listed}"),
         ));
     }
-    let example = fixed_text(key).map_or_else(String::new, |fixed| {
-        let prefix = match &options.prefix {
-            Some(prefix) => prefix.value.value(),
-            None => function.sig().ident.unraw().to_string(),
-        };
-        format!(", like `prefix = \"{prefix}:{fixed}\"`")
-    });
+    let prefix = match options.prefix.as_ref().map(|prefix| &prefix.value) {
+        Some(Prefix::Written(prefix)) => Some(prefix.value()),
+        Some(Prefix::Named(_)) => None,
+        None => Some(function.sig().ident.unraw().to_string()),
+    };
+    let example = fixed_text(key)
+        .zip(prefix)
+        .map_or_else(String::new, |(fixed, prefix)| {
+            format!(", like `prefix = \"{prefix}:{fixed}\"`")
+        });
     Err(syn::Error::new_spanned(
         key,
         format!(
