@@ -36,7 +36,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lock_runtime::history::{History, Holding};
+use lock_runtime::history::{History, Holding, Violation};
 use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
 use tokio::task::block_in_place;
 use tokio::time::Instant;
@@ -638,9 +638,12 @@ async fn run(mut servers: Servers, default_target: usize) {
             fence: Some(section.token),
         });
     }
-    history
-        .check()
-        .unwrap_or_else(|violation| panic!("{violation}"));
+    if let Err(violation) = history.check() {
+        panic!(
+            "{violation}\n{}",
+            before(&violation, &sections, &injected, &warnings)
+        );
+    }
     check_token_order(&sections);
     let family = check_family(&reports.keys, &sections);
     let lost = sections.iter().filter(|section| !section.held).count();
@@ -662,6 +665,71 @@ async fn run(mut servers: Servers, default_target: usize) {
         lost > 0,
         "no holder lost a section: the faults never hit a holder, so the run proves little"
     );
+}
+
+/// What led to `violation`, to read first: the faults, and the sections and warnings
+/// on its key, from 10 s before the later holding began until it ended, timed from
+/// its start.
+fn before(
+    violation: &Violation,
+    sections: &[Section],
+    injected: &[Injected],
+    warnings: &[Warning],
+) -> String {
+    let (Violation::Overlap { first, second }
+    | Violation::TokenOrder {
+        earlier: first,
+        later: second,
+    }) = violation;
+    let (key, start, end) = (&second.key, second.from, second.until.max(first.until));
+    let window_from = start - Duration::from_secs(10);
+    let at = |time: SystemTime| match time.duration_since(start) {
+        Ok(after) => format!("{:+.3} s", after.as_secs_f64()),
+        Err(before) => format!("-{:.3} s", before.duration().as_secs_f64()),
+    };
+    let within = |from: SystemTime, until: SystemTime| until >= window_from && from <= end;
+    let mut lines = vec![format!(
+        "before it, timed from {} taking the lock:",
+        second.holder
+    )];
+    for fault in injected.iter().filter(|f| within(f.from, f.until)) {
+        let worker = fault
+            .worker
+            .map_or(String::new(), |w| format!(" of worker {w}"));
+        lines.push(format!(
+            "  fault {:?}{worker} {} .. {}",
+            fault.fault,
+            at(fault.from),
+            at(fault.until)
+        ));
+    }
+    let on_key = sections
+        .iter()
+        .filter(|s| &s.key == key && within(s.from, s.until))
+        .collect::<Vec<_>>();
+    for section in &on_key[on_key.len().saturating_sub(30)..] {
+        lines.push(format!(
+            "  worker {} token {:#x} asked {} held {} .. {}{}",
+            section.worker,
+            section.token,
+            at(section.asked),
+            at(section.from),
+            at(section.until),
+            if section.held { "" } else { ", lost" }
+        ));
+    }
+    for warning in warnings
+        .iter()
+        .filter(|w| &w.key == key && within(w.at, w.at))
+    {
+        lines.push(format!(
+            "  worker {} warned {}: {}",
+            warning.worker,
+            at(warning.at),
+            warning.what
+        ));
+    }
+    lines.join("\n")
 }
 
 /// How long after a failover ended every key had a section, begun since, held to its
