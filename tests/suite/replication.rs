@@ -113,6 +113,50 @@ async fn a_grant_counts_only_once_the_replica_has_it() {
     replica.thaw();
 }
 
+/// A grant no replica confirmed is given back, and the caller asks again, under a
+/// new token each time: were a give-back to reach Redis late (sent again on a new
+/// connection, or given up on while still queued), it would otherwise free what a
+/// later attempt was granted under the same token, which its holder would go on
+/// believing it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_given_back_is_not_asked_for_again_under_its_token() {
+    let (primary, replica) = primary_and_replica();
+    let client = LockClient::connect_with(&primary.url(), quick_to_give_up())
+        .await
+        .unwrap();
+    let monitor = primary.monitor();
+    freeze(&replica);
+    let options = LockOptions::new().timeout(Duration::from_millis(1_500));
+    let refused = client.acquire("payout:3", &options).await;
+    assert!(
+        matches!(refused, Err(LockError::Replication { .. })),
+        "{refused:?}"
+    );
+    let sent = monitor.stop();
+    replica.thaw();
+
+    let lock = "lock:{payout:3}";
+    let tokens: Vec<&str> = sent
+        .iter()
+        .filter_map(
+            |words| match words.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+                ["SET", key, token, "NX", ..] if key == lock => Some(token),
+                ["EVALSHA", _, "3", key, _, _, token, ..] if key == lock => Some(token),
+                _ => None,
+            },
+        )
+        .collect();
+    assert!(tokens.len() >= 3, "too few grants asked for: {tokens:?}");
+    let mut distinct = tokens.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        tokens.len(),
+        "a token whose grant was given back was asked for again: {tokens:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_fast_is_told_about_the_replica_not_that_the_lock_is_busy() {
     let (primary, replica) = primary_and_replica();

@@ -16,5 +16,7 @@ pub use cluster::{RedisCluster, Shard};
 pub use counting::{CommandCounts, CountingProxy};
 pub use proxy::TcpProxy;
 pub use sentinel::SentinelGroup;
-pub use server::{RedisServer, SERVER_VARIABLE, ServerVersion, binary_serves_tls, server_binary};
+pub use server::{
+    Monitor, RedisServer, SERVER_VARIABLE, ServerVersion, binary_serves_tls, server_binary,
+};
 pub use tls::TestCa;

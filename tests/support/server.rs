@@ -1,7 +1,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -376,6 +376,34 @@ impl RedisServer {
         matches!(info.first(), Some(redis::Value::Array(_)))
     }
 
+    /// Watches what clients send the server (`MONITOR`), not what scripts run, until
+    /// the watch is stopped.
+    pub fn monitor(&self) -> Monitor {
+        let mut connection = self.connection();
+        redis::cmd("MONITOR")
+            .exec(&mut connection)
+            .expect("MONITOR");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        // Read with no timeout, which could cut a line in two: `stop` sends a command
+        // of its own to end the wait.
+        let watching = std::thread::spawn(move || {
+            let mut commands = Vec::new();
+            while !stopped.load(Ordering::Relaxed) {
+                match connection.recv_response().expect("a MONITOR line") {
+                    redis::Value::SimpleString(line) => commands.extend(monitored(&line)),
+                    other => panic!("not a MONITOR line: {other:?}"),
+                }
+            }
+            commands
+        });
+        Monitor {
+            stop,
+            watching,
+            server: self.connection(),
+        }
+    }
+
     /// How many times the server ran `command` (lower case, e.g. `evalsha`), from
     /// `INFO commandstats`. Commands run by scripts count too.
     pub fn calls(&self, command: &str) -> u64 {
@@ -546,4 +574,37 @@ impl RedisServer {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// What clients sent a server, as `MONITOR` saw it.
+pub struct Monitor {
+    stop: Arc<AtomicBool>,
+    watching: std::thread::JoinHandle<Vec<Vec<String>>>,
+    server: redis::Connection,
+}
+
+impl Monitor {
+    /// Each command sent since the watch began, in order, as its words (the
+    /// `PING` that ends the watch last).
+    pub fn stop(mut self) -> Vec<Vec<String>> {
+        self.stop.store(true, Ordering::Relaxed);
+        redis::cmd("PING").exec(&mut self.server).expect("PING");
+        self.watching.join().expect("the MONITOR thread")
+    }
+}
+
+/// The words of a `MONITOR` line, `<time> [<db> <client>] "WORD" "WORD" …`, each
+/// unquoted (the words tests look for hold no quotes or escapes); `None` for a
+/// command a script ran (`[0 lua]`).
+fn monitored(line: &str) -> Option<Vec<String>> {
+    let (client, words) = line.split_once("] ")?;
+    if client.ends_with(" lua") {
+        return None;
+    }
+    let words = words.split("\" \"");
+    Some(
+        words
+            .map(|word| word.trim_matches('"').to_owned())
+            .collect(),
+    )
 }

@@ -54,8 +54,8 @@ pub(super) async fn until_granted(
             .acquire(&name, &token, plan.kind, plan.lease, plan.fencing, join)
             .await?;
         // The error to end with when the attempt was granted but the replicas did
-        // not confirm it.
-        let (retry_in, unreplicated) = match attempt {
+        // not confirm it, and whether a grant was given back.
+        let (retry_in, unreplicated, given_back) = match attempt {
             Attempt::Granted { fence } if Instant::now() < valid_until(sent_at, plan.lease) => {
                 if let Some(place) = &mut place {
                     place.taken = true;
@@ -91,11 +91,17 @@ pub(super) async fn until_granted(
                 tokio::time::sleep(pause).await;
                 continue;
             }
-            Attempt::Busy { retry_in, .. } => (retry_in, None),
-            Attempt::Unreplicated(shortfall) => (None, Some(shortfall.error(name.key()))),
+            Attempt::Busy { retry_in, .. } => (retry_in, None, false),
+            Attempt::Unreplicated(shortfall) => (None, Some(shortfall.error(name.key())), true),
+            Attempt::Lapsed => (None, None, true),
             Attempt::Clash { held_as } => return Err(clash(&name, held_as, plan.kind)),
         };
-        if join.is_some() && place.is_none() {
+        // A grant given back is never asked for again under its token: were the
+        // give-back to reach Redis late (sent again on a new connection, or given up
+        // on and still queued), it would free what a later attempt was granted.
+        if given_back {
+            place = None;
+        } else if join.is_some() && place.is_none() {
             place = Some(QueuePlace {
                 backend: backend.clone(),
                 name: name.clone(),

@@ -52,6 +52,10 @@ pub(crate) enum Attempt {
     /// The lock was granted, but fewer replicas than required had it in time, or
     /// the primary's disk did not, so it was given back.
     Unreplicated(Shortfall),
+    /// The lock was granted, but the grant had lapsed, or was made on another server
+    /// than the one that confirmed it, by the time the replicas were asked, so it was
+    /// given back: busy, as far as this attempt can tell.
+    Lapsed,
 }
 
 /// A lease to renew: the lock, the token that should hold it, and the lease to give.

@@ -315,10 +315,7 @@ impl RedisNode {
             Confirmed::NotHeld => {
                 let _ = Box::pin(self.release(name, token, Waiters::Queue)).await;
                 self.connection.ask_sentinels_again();
-                Ok(Attempt::Busy {
-                    retry_in: None,
-                    fence: None,
-                })
+                Ok(Attempt::Lapsed)
             }
             Confirmed::Short(shortfall) => {
                 Box::pin(self.release(name, token, Waiters::Queue)).await?;

@@ -152,7 +152,9 @@ impl Redlock {
             .iter()
             .map(|answer| match answer {
                 Ok(Attempt::Granted { fence }) | Ok(Attempt::Busy { fence, .. }) => *fence,
-                Ok(Attempt::Clash { .. } | Attempt::Unreplicated(_)) | Err(_) => None,
+                Ok(Attempt::Clash { .. } | Attempt::Unreplicated(_) | Attempt::Lapsed) | Err(_) => {
+                    None
+                }
             })
             .collect();
         let token = answers
@@ -160,7 +162,9 @@ impl Redlock {
             .filter_map(|answer| match answer {
                 Ok(Attempt::Granted { fence }) => *fence,
                 Ok(Attempt::Busy { fence, .. }) => fence.map(|counter| counter + 1),
-                Ok(Attempt::Clash { .. } | Attempt::Unreplicated(_)) | Err(_) => None,
+                Ok(Attempt::Clash { .. } | Attempt::Unreplicated(_) | Attempt::Lapsed) | Err(_) => {
+                    None
+                }
             })
             .max()?;
         let mut at_or_above = counters.iter().flatten().filter(|&&c| c >= token).count();
