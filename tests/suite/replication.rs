@@ -1,7 +1,8 @@
 //! Replica sync: a grant counts once a replica has it. With the replica cut off, a
-//! grant is given back and the caller learns why; a renewal the replica does not
-//! confirm extends nothing the holder counts on; many grants share one `WAIT`, on a
-//! Cluster one per primary; and a primary without replicas pays nothing.
+//! grant is given back, never asked for again under its token, and the caller learns
+//! why; a renewal the replica does not confirm extends nothing the holder counts on;
+//! many grants share one `WAIT`, on a Cluster one per primary; and a primary without
+//! replicas pays nothing.
 
 use std::time::Duration;
 

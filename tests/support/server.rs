@@ -1,7 +1,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -383,22 +383,23 @@ impl RedisServer {
         redis::cmd("MONITOR")
             .exec(&mut connection)
             .expect("MONITOR");
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        // Read with no timeout, which could cut a line in two: `stop` sends a command
-        // of its own to end the wait.
+        // No read timeout: one that expires mid-line loses lines (seen on Valkey).
+        // The watch ends at the `PING` that `stop` sends, after every line before it.
         let watching = std::thread::spawn(move || {
             let mut commands = Vec::new();
-            while !stopped.load(Ordering::Relaxed) {
-                match connection.recv_response().expect("a MONITOR line") {
-                    redis::Value::SimpleString(line) => commands.extend(monitored(&line)),
+            loop {
+                let line = match connection.recv_response().expect("a MONITOR line") {
+                    redis::Value::SimpleString(line) => line,
                     other => panic!("not a MONITOR line: {other:?}"),
+                };
+                match monitored(&line) {
+                    Some(words) if words == ["PING", MONITOR_STOP] => return commands,
+                    Some(words) => commands.push(words),
+                    None => {}
                 }
             }
-            commands
         });
         Monitor {
-            stop,
             watching,
             server: self.connection(),
         }
@@ -578,17 +579,20 @@ impl RedisServer {
 
 /// What clients sent a server, as `MONITOR` saw it.
 pub struct Monitor {
-    stop: Arc<AtomicBool>,
     watching: std::thread::JoinHandle<Vec<Vec<String>>>,
     server: redis::Connection,
 }
 
+/// The word of the `PING` that ends a watch.
+const MONITOR_STOP: &str = "the-end-of-this-monitor";
+
 impl Monitor {
-    /// Each command sent since the watch began, in order, as its words (the
-    /// `PING` that ends the watch last).
+    /// Each command sent since the watch began, in order, as its words.
     pub fn stop(mut self) -> Vec<Vec<String>> {
-        self.stop.store(true, Ordering::Relaxed);
-        redis::cmd("PING").exec(&mut self.server).expect("PING");
+        redis::cmd("PING")
+            .arg(MONITOR_STOP)
+            .exec(&mut self.server)
+            .expect("PING");
         self.watching.join().expect("the MONITOR thread")
     }
 }
