@@ -367,12 +367,11 @@ fn prefix(name: &str, expr: &Expr) -> syn::Result<Prefix> {
     // without its quotes.
     if let Expr::Path(path) = expr
         && path.qself.is_none()
-        && let Some(last) = path.path.segments.last()
-        && last
-            .ident
-            .unraw()
-            .to_string()
-            .starts_with(|c: char| c.is_ascii_uppercase())
+        && path
+            .path
+            .segments
+            .last()
+            .is_some_and(|last| is_item_like(&last.ident))
     {
         return Ok(Prefix::Named(path.path.clone()));
     }
@@ -389,6 +388,14 @@ fn prefix(name: &str, expr: &Expr) -> syn::Result<Prefix> {
         ));
     }
     Ok(Prefix::Written(lit))
+}
+
+/// `Shard`, `SHARD`, `Eu`: a type, constant or variant, not a value of the fn's.
+pub(crate) fn is_item_like(ident: &Ident) -> bool {
+    ident
+        .unraw()
+        .to_string()
+        .starts_with(|c: char| c.is_ascii_uppercase())
 }
 
 fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Code<Expr>>> {

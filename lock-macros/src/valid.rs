@@ -9,7 +9,7 @@ use syn::{
     ReturnType, Stmt, Token, Type, TypeParamBound,
 };
 
-use crate::attr::{Options, Prefix, Setting, WATCHDOG_LEASE_MS};
+use crate::attr::{Options, Prefix, Setting, WATCHDOG_LEASE_MS, is_item_like};
 use crate::item::Function;
 
 /// How a lock error reaches the caller.
@@ -341,14 +341,6 @@ fn fixed_text(key: &Expr) -> Option<String> {
         Expr::Paren(paren) => fixed_text(&paren.expr),
         _ => None,
     }
-}
-
-/// `Shard`, `SHARD`, `Eu`: a type, constant or variant, not a value of the fn's.
-fn is_item_like(ident: &Ident) -> bool {
-    ident
-        .unraw()
-        .to_string()
-        .starts_with(|c: char| c.is_ascii_uppercase())
 }
 
 /// The names whose values an expression reads: `req` and `user` in
