@@ -99,3 +99,19 @@ pub(crate) fn ask_every_subscriber() {
     });
     std::sync::LazyLock::force(&KEPT);
 }
+
+/// Fails when a token was asked for more than once: a grant given back is never asked
+/// for again under its token, lest the give-back reach Redis late (sent again on a new
+/// connection, or given up on while still queued) and free what a later attempt was
+/// granted under it, which its holder would go on believing it held.
+pub(crate) fn assert_each_token_asked_for_once(tokens: &[String]) {
+    assert!(tokens.len() >= 3, "too few grants asked for: {tokens:?}");
+    let mut distinct = tokens.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        tokens.len(),
+        "a token whose grant was given back was asked for again: {tokens:?}"
+    );
+}

@@ -133,29 +133,10 @@ async fn a_grant_given_back_is_not_asked_for_again_under_its_token() {
         matches!(refused, Err(LockError::Replication { .. })),
         "{refused:?}"
     );
-    let sent = monitor.stop();
+    let tokens = monitor.stop_with_tokens_asked_for("lock:{payout:3}");
     replica.thaw();
 
-    let lock = "lock:{payout:3}";
-    let tokens: Vec<&str> = sent
-        .iter()
-        .filter_map(
-            |words| match words.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-                ["SET", key, token, "NX", ..] if key == lock => Some(token),
-                ["EVALSHA", _, "3", key, _, _, token, ..] if key == lock => Some(token),
-                _ => None,
-            },
-        )
-        .collect();
-    assert!(tokens.len() >= 3, "too few grants asked for: {tokens:?}");
-    let mut distinct = tokens.clone();
-    distinct.sort_unstable();
-    distinct.dedup();
-    assert_eq!(
-        distinct.len(),
-        tokens.len(),
-        "a token whose grant was given back was asked for again: {tokens:?}"
-    );
+    crate::assert_each_token_asked_for_once(&tokens);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

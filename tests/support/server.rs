@@ -595,6 +595,22 @@ impl Monitor {
             .expect("PING");
         self.watching.join().expect("the MONITOR thread")
     }
+
+    /// The tokens `lock` (its Redis name) was asked for under since the watch
+    /// began, in order: each `SET … NX` of it and each acquire script's call on it.
+    pub fn stop_with_tokens_asked_for(self, lock: &str) -> Vec<String> {
+        let sent = self.stop();
+        sent.into_iter()
+            .filter_map(|words| {
+                let token = match words.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+                    ["SET", key, token, "NX", ..] if key == lock => token,
+                    ["EVALSHA", _, "3", key, _, _, token, ..] if key == lock => token,
+                    _ => return None,
+                };
+                Some(token.to_owned())
+            })
+            .collect()
+    }
 }
 
 /// The words of a `MONITOR` line, `<time> [<db> <client>] "WORD" "WORD" …`, each
