@@ -116,8 +116,7 @@ impl Redlock {
                 return Ok(Attempt::Granted { fence: Some(fence) });
             }
         }
-        let given_back = granted > 0;
-        if given_back {
+        if granted > 0 {
             self.undo(name, token).await;
         }
         if let Some(held_as) = clash {
@@ -137,12 +136,9 @@ impl Redlock {
             true => busy_for.iter().flatten().min().copied(),
             false => Some(random_pause()),
         };
-        Ok(match given_back {
-            true => Attempt::GivenBack { retry_in },
-            false => Attempt::Busy {
-                retry_in,
-                fence: None,
-            },
+        Ok(Attempt::Busy {
+            retry_in,
+            fence: None,
         })
     }
 
@@ -156,7 +152,9 @@ impl Redlock {
             .iter()
             .map(|answer| match answer {
                 Ok(Attempt::Granted { fence }) | Ok(Attempt::Busy { fence, .. }) => *fence,
-                _ => None,
+                Ok(Attempt::Clash { .. } | Attempt::Unreplicated(_) | Attempt::Lapsed) | Err(_) => {
+                    None
+                }
             })
             .collect();
         let token = answers
@@ -164,7 +162,9 @@ impl Redlock {
             .filter_map(|answer| match answer {
                 Ok(Attempt::Granted { fence }) => *fence,
                 Ok(Attempt::Busy { fence, .. }) => fence.map(|counter| counter + 1),
-                _ => None,
+                Ok(Attempt::Clash { .. } | Attempt::Unreplicated(_) | Attempt::Lapsed) | Err(_) => {
+                    None
+                }
             })
             .max()?;
         let mut at_or_above = counters.iter().flatten().filter(|&&c| c >= token).count();
