@@ -20,6 +20,7 @@ on_every_backend!(
     reentry_follows_the_ownership_rules,
     the_watchdog_renews_a_shared_hold,
     readers_behind_a_writer_that_left_get_in_at_once,
+    a_stale_writer_releasing_beside_readers_is_told_it_holds_nothing,
 );
 
 fn shared() -> LockOptions {
@@ -267,4 +268,34 @@ async fn readers_behind_a_writer_that_left_get_in_at_once(fixture: Fixture) {
         }
     }
     reading.release().await.unwrap();
+}
+
+/// A writer whose lease ran out, releasing beside the readers that took the key since:
+/// told it no longer holds it, on every server (Redis 8.6's native compare-and-delete
+/// refuses a key that is no string with an error of its own), and the readers keep it.
+async fn a_stale_writer_releasing_beside_readers_is_told_it_holds_nothing(fixture: Fixture) {
+    let lease = Duration::from_millis(100);
+    let stale = fixture
+        .client
+        .acquire("catalog", &LockOptions::new().lease(lease))
+        .await
+        .unwrap();
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    let reader = fixture.other.acquire("catalog", &shared()).await.unwrap();
+
+    let released = stale.release().await;
+    assert!(
+        matches!(released, Err(LockError::NotHeld { ref key, .. }) if key == "catalog"),
+        "{released:?}"
+    );
+    assert!(reader.is_held());
+    let writer = fixture
+        .connect()
+        .await
+        .try_acquire("catalog", &LockOptions::new())
+        .await;
+    assert!(
+        matches!(writer, Ok(None)),
+        "the readers' key was freed: {writer:?}"
+    );
 }

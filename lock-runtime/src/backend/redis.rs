@@ -425,9 +425,7 @@ impl RedisNode {
         match deleted {
             Ok(deleted) => Ok(deleted == 1),
             // Holders that share the key: the script tells.
-            Err(LockError::Backend { source, .. }) if source.code() == Some("WRONGTYPE") => {
-                Ok(false)
-            }
+            Err(LockError::Backend { source, .. }) if is_no_string(&source) => Ok(false),
             Err(LockError::Backend { source, .. }) if is_unknown_command(&source) => {
                 let script = CompareAndDelete::Script as u8;
                 self.compare_and_delete.store(script, Ordering::Relaxed);
@@ -838,6 +836,16 @@ fn is_unknown_command(error: &RedisError) -> bool {
         && error
             .detail()
             .is_some_and(|detail| detail.contains("unknown command"))
+}
+
+/// What a compare-and-delete answers on a key that is no string: `WRONGTYPE`, but
+/// Redis 8.6's `DELEX … IFEQ` answers `ERR Key should be of string type …`.
+fn is_no_string(error: &RedisError) -> bool {
+    error.code() == Some("WRONGTYPE")
+        || error.code() == Some("ERR")
+            && error
+                .detail()
+                .is_some_and(|detail| detail.contains("should be of string type"))
 }
 
 /// What a server without an optional argument answers.
