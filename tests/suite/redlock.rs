@@ -185,3 +185,29 @@ async fn a_silent_minority_costs_each_call_its_bound_and_locking_goes_on() {
         "a lock taken and given back took {slowest:?} with two masters silent"
     );
 }
+
+/// Two of five masters grant the lock while three hold it for another: what the
+/// two granted is given back, and every attempt after it asks under a new token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_too_few_masters_made_is_not_asked_for_again_under_its_token() {
+    let masters = masters(&[]);
+    let mut holders = Vec::new();
+    for master in &masters[2..] {
+        let other = LockClient::connect(&master.url()).await.unwrap();
+        holders.push(other.acquire("payout", &LockOptions::new()).await.unwrap());
+    }
+    let client = redlock(&masters).await;
+    let monitor = masters[0].monitor();
+    let options = LockOptions::new().timeout(Duration::from_millis(1_500));
+    let refused = client.acquire("payout", &options).await;
+    assert!(
+        matches!(refused, Err(LockError::Timeout { .. })),
+        "{refused:?}"
+    );
+    let tokens = monitor.stop_with_tokens_asked_for("lock:{payout}");
+
+    crate::assert_each_token_asked_for_once(&tokens);
+    for holder in holders {
+        assert!(holder.is_held());
+    }
+}

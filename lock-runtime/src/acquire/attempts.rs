@@ -93,7 +93,7 @@ pub(super) async fn until_granted(
             }
             Attempt::Busy { retry_in, .. } => (retry_in, None, false),
             Attempt::Unreplicated(shortfall) => (None, Some(shortfall.error(name.key())), true),
-            Attempt::Lapsed => (None, None, true),
+            Attempt::GivenBack { retry_in } => (retry_in, None, true),
             Attempt::Clash { held_as } => return Err(clash(&name, held_as, plan.kind)),
         };
         // A grant given back is never asked for again under its token: were the

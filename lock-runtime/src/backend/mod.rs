@@ -52,10 +52,12 @@ pub(crate) enum Attempt {
     /// The lock was granted, but fewer replicas than required had it in time, or
     /// the primary's disk did not, so it was given back.
     Unreplicated(Shortfall),
-    /// The lock was granted, but the grant had lapsed, or was made on another server
-    /// than the one that confirmed it, by the time the replicas were asked, so it was
-    /// given back: busy, as far as this attempt can tell.
-    Lapsed,
+    /// The lock was granted, but given back before the attempt could count it held:
+    /// the grant had lapsed, or was made on another server than the one that
+    /// confirmed it, by the time the replicas were asked, or too few Redlock nodes
+    /// granted it. Busy, as far as this attempt can tell; worth trying again in this
+    /// long at the latest.
+    GivenBack { retry_in: Option<Duration> },
 }
 
 /// A lease to renew: the lock, the token that should hold it, and the lease to give.

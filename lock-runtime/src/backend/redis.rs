@@ -315,7 +315,7 @@ impl RedisNode {
             Confirmed::NotHeld => {
                 let _ = Box::pin(self.release(name, token, Waiters::Queue)).await;
                 self.connection.ask_sentinels_again();
-                Ok(Attempt::Lapsed)
+                Ok(Attempt::GivenBack { retry_in: None })
             }
             Confirmed::Short(shortfall) => {
                 Box::pin(self.release(name, token, Waiters::Queue)).await?;

@@ -116,7 +116,8 @@ impl Redlock {
                 return Ok(Attempt::Granted { fence: Some(fence) });
             }
         }
-        if granted > 0 {
+        let given_back = granted > 0;
+        if given_back {
             self.undo(name, token).await;
         }
         if let Some(held_as) = clash {
@@ -136,9 +137,12 @@ impl Redlock {
             true => busy_for.iter().flatten().min().copied(),
             false => Some(random_pause()),
         };
-        Ok(Attempt::Busy {
-            retry_in,
-            fence: None,
+        Ok(match given_back {
+            true => Attempt::GivenBack { retry_in },
+            false => Attempt::Busy {
+                retry_in,
+                fence: None,
+            },
         })
     }
 
@@ -152,9 +156,7 @@ impl Redlock {
             .iter()
             .map(|answer| match answer {
                 Ok(Attempt::Granted { fence }) | Ok(Attempt::Busy { fence, .. }) => *fence,
-                Ok(Attempt::Clash { .. } | Attempt::Unreplicated(_) | Attempt::Lapsed) | Err(_) => {
-                    None
-                }
+                _ => None,
             })
             .collect();
         let token = answers
@@ -162,9 +164,7 @@ impl Redlock {
             .filter_map(|answer| match answer {
                 Ok(Attempt::Granted { fence }) => *fence,
                 Ok(Attempt::Busy { fence, .. }) => fence.map(|counter| counter + 1),
-                Ok(Attempt::Clash { .. } | Attempt::Unreplicated(_) | Attempt::Lapsed) | Err(_) => {
-                    None
-                }
+                _ => None,
             })
             .max()?;
         let mut at_or_above = counters.iter().flatten().filter(|&&c| c >= token).count();
