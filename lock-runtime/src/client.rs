@@ -84,8 +84,9 @@ impl ClientConfig {
     /// one is enough.
     ///
     /// The default is 1 wherever the primary has replicas when the client connects
-    /// (those the Sentinels list, those Cluster lists for the slot's primary, those
-    /// in sync with one server, as `ROLE` lists them), else 0, which costs nothing. The
+    /// (those the Sentinels list, those Cluster lists for the slot's primary, down
+    /// ones included; those in sync with one server, as `ROLE` lists them, which
+    /// leaves out one that is down), else 0, which costs nothing. The
     /// count is fixed then: a replica that disconnects later may still be the one
     /// promoted, so while it is away grants fail with [`LockError::Replication`]
     /// after [`replica_timeout`](Self::replica_timeout). `replicas(0)` chooses

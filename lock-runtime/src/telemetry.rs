@@ -175,6 +175,18 @@ pub(crate) fn eviction_possible(policy: &str) {
     let _ = policy;
 }
 
+/// The Cluster would not list its shards (`CLUSTER SHARDS`, refused by the user's
+/// ACL): a replica it flags failed while the client connects is not counted, and
+/// grants on that replica's slots wait for none.
+pub(crate) fn failed_replicas_uncounted() {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        "the Cluster refused `CLUSTER SHARDS`, so a replica that is down now is not \
+         counted, and grants on its primary's slots will not wait for a replica; \
+         allow `cluster|shards` to the user"
+    );
+}
+
 /// Whether anything listens to [`eviction_possible`], so that the check is worth a
 /// round trip.
 pub(crate) const WARNS: bool = cfg!(feature = "tracing");

@@ -2,7 +2,8 @@
 //! guarantees while the lock's slot migrates to another primary, and the client
 //! connects, goes on locking the other slots, and reloads the scripts a primary lost
 //! while one primary is silent; a lock is confirmed where its slot moved, and so are
-//! those confirmed beside it.
+//! those confirmed beside it; a client that connects while a replica is down waits
+//! for it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use lock_runtime::history::History;
 use lock_runtime::{ClientConfig, LockClient, LockError, LockInspector, LockOptions};
 use lock_tests::{RedisCluster, RedisServer};
 use redis::AsyncCommands;
+use tokio::task::block_in_place;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locking_runs_on_while_the_slot_migrates() {
@@ -278,6 +280,42 @@ async fn grants_beside_one_whose_slot_moved_are_confirmed() {
 }
 
 /// Migrates `slot` to a primary other than the one serving it; returns that primary.
+/// A client that connects while the replica of its lock's primary has failed (the
+/// other nodes flag it `fail`, and `CLUSTER SLOTS` leaves it out) waits for a
+/// replica there all the same, as a client connected before does: granting without
+/// one, it would be the client whose grants a failover after the replica's return
+/// could lose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_connects_while_a_replica_has_failed_waits_for_one() {
+    let cluster = RedisCluster::start();
+    let key = "invoice:unreplicated";
+    let shard = cluster.shard_for(cluster.slot_of(key));
+    let replica = &cluster.servers[shard.replica];
+    replica.freeze();
+    block_in_place(|| cluster.wait_until_flagged_failed(replica));
+    let config = ClientConfig::new().replica_timeout(Duration::from_millis(100));
+    let connected = LockClient::cluster_with(cluster.urls(), config).await;
+    let granted = match &connected {
+        Ok(client) => Some(client.acquire(key, &LockOptions::new().spin(false)).await),
+        Err(_) => None,
+    };
+    replica.thaw();
+    let client = connected.unwrap();
+    let granted = granted.unwrap();
+    assert!(
+        matches!(
+            granted,
+            Err(LockError::Replication {
+                acknowledged: 0,
+                required: 1,
+                ..
+            })
+        ),
+        "granted without its replica: {granted:?}"
+    );
+    client.shutdown().await;
+}
+
 fn move_elsewhere(cluster: &RedisCluster, slot: u16) -> &RedisServer {
     let from = cluster.primary_for(slot).port();
     let to = cluster

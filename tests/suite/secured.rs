@@ -29,7 +29,7 @@ const LOCK_USER_RULES: &str = "resetkeys ~lock:* resetchannels &lock:* -@all \
 const NEWER_SERVER_RULES: &str = "+client|setinfo +waitaof +delifeq +delex";
 
 /// What the ACL user needs in addition on a Cluster, as the README says.
-const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +ping";
+const LOCK_USER_CLUSTER_RULES: &str = "+cluster|slots +cluster|shards +ping";
 
 /// What the ACL user needs in addition for the operator's reads (`LockInspector`,
 /// `locks ls`), as the README says.
@@ -539,6 +539,22 @@ fn refused_subscribes(redis: &RedisServer) -> i64 {
             other => panic!("an ACL LOG entry without a count: {other:?}"),
         })
         .sum()
+}
+
+/// A user set up by an older README, without `cluster|shards`: the client counts
+/// the replicas by `CLUSTER SLOTS` instead, and locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_user_that_may_not_list_shards_still_locks() {
+    let cluster = RedisCluster::start_with_password("admin-pass");
+    let urls: Vec<String> = cluster
+        .servers
+        .iter()
+        .map(|server| add_lock_user(server, "+cluster|slots +ping"))
+        .collect();
+    let client = LockClient::cluster(&urls).await.unwrap();
+    let guard = client.acquire("invoice:old-acl", &LockOptions::new()).await;
+    guard.unwrap().release().await.unwrap();
+    client.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

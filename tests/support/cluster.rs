@@ -129,6 +129,41 @@ impl RedisCluster {
         self.servers[shard.primary].drop_replica_links();
     }
 
+    /// Waits until every other node flags `failed` (frozen, say) `fail`: from then
+    /// on `CLUSTER SLOTS` leaves it out.
+    pub fn wait_until_flagged_failed(&self, failed: &RedisServer) {
+        let address = format!("127.0.0.1:{}@", failed.port());
+        let started = Instant::now();
+        for server in self
+            .servers
+            .iter()
+            .filter(|server| server.port() != failed.port())
+        {
+            loop {
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query(&mut server.connection())
+                    .expect("CLUSTER NODES");
+                // `<id> <ip:port@bus port> <flags> ...`, a line per node.
+                let flagged = nodes.lines().any(|line| {
+                    let fields: Vec<&str> = line.split(' ').collect();
+                    fields.len() > 2
+                        && fields[1].starts_with(&address)
+                        && fields[2].split(',').any(|flag| flag == "fail")
+                });
+                if flagged {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "port {} was not flagged failed within 30 s",
+                    failed.port()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
     /// `SIGKILL`s `shard`'s primary: whatever its replica does not have is gone.
     pub fn kill_primary(&mut self, shard: Shard) {
         self.servers[shard.primary].kill();

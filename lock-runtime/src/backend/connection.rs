@@ -34,6 +34,7 @@ use super::pipe::Pipe;
 use super::signals::Signals;
 use crate::ClientConfig;
 use crate::key::slot;
+use crate::telemetry;
 
 /// Where the locks live, and how to connect there again.
 pub(crate) enum Target {
@@ -164,11 +165,17 @@ impl Target {
     pub(crate) async fn replicas(&self, connection: &mut Connection) -> RedisResult<Replicas> {
         match (self, connection) {
             (Target::Cluster(_), connection @ Connection::Cluster { .. }) => {
-                let ranges = connection.slot_ranges().await?;
-                let ranges = ranges
-                    .into_iter()
-                    .map(|range| (range.first, range.last, range.replicas));
-                Ok(Replicas::PerSlot(ranges.collect()))
+                match connection.shard_replicas().await {
+                    Err(refused) if refused.code() == Some("NOPERM") => {
+                        telemetry::failed_replicas_uncounted();
+                        let ranges = connection.slot_ranges().await?;
+                        let ranges = ranges
+                            .into_iter()
+                            .map(|range| (range.first, range.last, range.replicas));
+                        Ok(Replicas::PerSlot(ranges.collect()))
+                    }
+                    ranges => Ok(Replicas::PerSlot(ranges?)),
+                }
             }
             (Target::Sentinel(named), connection) => {
                 // Asked at once, and the first answer taken: a silent Sentinel listed
@@ -507,6 +514,30 @@ pub(crate) struct SlotRange {
     pub(crate) replicas: usize,
 }
 
+/// Each range of slots of `CLUSTER SHARDS` with how many replicas its shard has,
+/// failed ones included. A shard lists its ranges as first and last slot in turn,
+/// and its nodes, each with its role.
+fn shard_replicas(shards: Value) -> RedisResult<Vec<(u16, u16, usize)>> {
+    let shards: Vec<HashMap<String, Value>> = redis::from_redis_value(shards)?;
+    let mut ranges = Vec::new();
+    for mut shard in shards {
+        let slots: Vec<u16> = redis::from_redis_value(shard.remove("slots").unwrap_or(Value::Nil))?;
+        let nodes: Vec<HashMap<String, Value>> =
+            redis::from_redis_value(shard.remove("nodes").unwrap_or(Value::Nil))?;
+        let mut replicas = 0;
+        for mut node in nodes {
+            let role: String = redis::from_redis_value(node.remove("role").unwrap_or(Value::Nil))?;
+            replicas += usize::from(role == "replica");
+        }
+        ranges.extend(
+            slots
+                .chunks_exact(2)
+                .map(|range| (range[0], range[1], replicas)),
+        );
+    }
+    Ok(ranges)
+}
+
 /// Every entry of `CLUSTER SLOTS` is the first and last slot, the primary (its host
 /// and port first), then each replica.
 fn slot_ranges(slots: Value) -> RedisResult<Vec<SlotRange>> {
@@ -596,23 +627,38 @@ impl Connection {
         Ok(redis::from_redis_value(answer?.extract_error()?)?)
     }
 
+    /// How many replicas serve each range of slots, by `CLUSTER SHARDS`, which lists
+    /// a replica the other nodes flag failed: `CLUSTER SLOTS` leaves it out, and a
+    /// client that counted by it while the replica was down would wait for none
+    /// there for its life.
+    pub(crate) async fn shard_replicas(&mut self) -> RedisResult<Vec<(u16, u16, usize)>> {
+        let mut shards = redis::cmd("CLUSTER");
+        shards.arg("SHARDS");
+        shard_replicas(self.asked_of_every_node(shards).await?)
+    }
+
     /// On a Cluster, the slot ranges as the nodes list them now.
     pub(crate) async fn slot_ranges(&mut self) -> RedisResult<Vec<SlotRange>> {
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        slot_ranges(self.asked_of_every_node(slots).await?)
+    }
+
+    /// The first answer to `question`, asked of every node of a Cluster: one chosen
+    /// at random may be silent.
+    async fn asked_of_every_node(&mut self, question: redis::Cmd) -> RedisResult<Value> {
         let Connection::Cluster { cluster, limit } = self else {
             return Err(RedisError::from((
                 ErrorKind::InvalidClientConfig,
-                "slot ranges asked of a connection that is not to a Cluster",
+                "a Cluster question asked of a connection that is not to a Cluster",
             )));
         };
-        let mut slots = redis::cmd("CLUSTER");
-        slots.arg("SLOTS");
-        // Every node is asked and the first answer taken: one chosen at random may be
-        // silent.
         let first_to_answer = RoutingInfo::MultiNode((
             MultipleNodeRoutingInfo::AllNodes,
             Some(ResponsePolicy::OneSucceeded),
         ));
-        slot_ranges(bounded(*limit, cluster.route_command(slots, first_to_answer)).await?)
+        let answer = bounded(*limit, cluster.route_command(question, first_to_answer)).await?;
+        answer.extract_error()
     }
 
     /// Sends `pipeline` whole, over one connection, to the primary that serves `key`.
@@ -1762,6 +1808,76 @@ mod tests {
         assert!(!to.is_at(Some(&ConnectionAddr::Tcp("10.0.0.1".to_owned(), 6379))));
         assert!(switch_of(&message("billing 10.0.0.1 6379 10.0.0.2 6380"), "orders").is_none());
         assert!(switch_of(&message("orders 10.0.0.1 6379"), "orders").is_none());
+    }
+
+    #[test]
+    fn cluster_shards_count_every_replica_failed_or_not() {
+        let text = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+        let node = |role: &str, health: &str| {
+            Value::Map(vec![
+                (text("port"), Value::Int(7000)),
+                (text("role"), text(role)),
+                (text("health"), text(health)),
+            ])
+        };
+        let shard = |slots: &[i64], nodes: Vec<Value>| {
+            Value::Map(vec![
+                (
+                    text("slots"),
+                    Value::Array(slots.iter().map(|&slot| Value::Int(slot)).collect()),
+                ),
+                (text("nodes"), Value::Array(nodes)),
+            ])
+        };
+        let shards = Value::Array(vec![
+            shard(
+                &[0, 5460],
+                vec![node("master", "online"), node("replica", "fail")],
+            ),
+            shard(&[5461, 10922], vec![node("master", "online")]),
+            shard(
+                &[10923, 12000, 12001, 16383],
+                vec![
+                    node("master", "online"),
+                    node("replica", "online"),
+                    node("replica", "loading"),
+                ],
+            ),
+        ]);
+        let counted = vec![
+            (0, 5460, 1),
+            (5461, 10922, 0),
+            (10923, 12000, 2),
+            (12001, 16383, 2),
+        ];
+        assert_eq!(shard_replicas(shards).unwrap(), counted);
+
+        // RESP2 lists each map's keys and values in turn.
+        let flat = |pairs: Vec<(Value, Value)>| {
+            Value::Array(
+                pairs
+                    .into_iter()
+                    .flat_map(|(key, value)| [key, value])
+                    .collect(),
+            )
+        };
+        let shards = Value::Array(vec![flat(vec![
+            (
+                text("slots"),
+                Value::Array(vec![Value::Int(0), Value::Int(16383)]),
+            ),
+            (
+                text("nodes"),
+                Value::Array(vec![
+                    flat(vec![(text("role"), text("master"))]),
+                    flat(vec![
+                        (text("role"), text("replica")),
+                        (text("health"), text("fail")),
+                    ]),
+                ]),
+            ),
+        ])]);
+        assert_eq!(shard_replicas(shards).unwrap(), vec![(0, 16383, 1)]);
     }
 
     #[test]
