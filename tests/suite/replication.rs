@@ -1,13 +1,13 @@
 //! Replica sync: a grant counts once a replica has it. With the replica cut off, a
 //! grant is given back, never asked for again under its token, and the caller learns
-//! why; a renewal the replica does not confirm extends nothing the holder counts on;
+//! why, and so is a grant that lapsed before it was confirmed; a renewal the replica does not confirm extends nothing the holder counts on;
 //! many grants share one `WAIT`, on a Cluster one per primary; and a primary without
 //! replicas pays nothing.
 
 use std::time::Duration;
 
 use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
-use lock_tests::{RedisCluster, RedisServer};
+use lock_tests::{RedisCluster, RedisServer, TcpProxy};
 use tokio::time::Instant;
 
 /// A primary and a replica in sync with it.
@@ -137,6 +137,61 @@ async fn a_grant_given_back_is_not_asked_for_again_under_its_token() {
     replica.thaw();
 
     crate::assert_each_token_asked_for_once(&tokens);
+}
+
+/// A waiter passed the lock whose claim is answered after the claim's lease ran out
+/// finds, when the replica is asked to confirm it, that it holds nothing; it gives
+/// the grant back and asks next under a new token, not its place's, whose give-back
+/// could reach Redis late and free the later grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_lapsed_before_it_was_confirmed_is_not_asked_for_again_under_its_token() {
+    let (primary, _replica) = primary_and_replica();
+    let proxy = TcpProxy::start(primary.port()).await;
+    let waiter = LockClient::connect(&proxy.url()).await.unwrap();
+    let holder = LockClient::connect(&primary.url()).await.unwrap();
+    let held = holder
+        .acquire("payout:4", &LockOptions::new())
+        .await
+        .unwrap();
+    let monitor = primary.monitor();
+    // Woken by the release, seconds before it would ask again by itself, so that
+    // the answer held back is its claim's.
+    let lease = Duration::from_millis(300);
+    let options = LockOptions::new()
+        .lease(lease)
+        .retry_wait(Duration::from_secs(2))
+        .timeout(Duration::from_secs(10));
+    let waiting = tokio::spawn(async move { waiter.acquire("payout:4", &options).await });
+    let asked = Instant::now();
+    loop {
+        let queued: u64 = redis::cmd("ZCARD")
+            .arg("lock:{payout:4}:queue")
+            .query(&mut primary.connection())
+            .unwrap();
+        if queued == 1 {
+            break;
+        }
+        assert!(asked.elapsed() < Duration::from_secs(5), "never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.stall_answers_after("payout:4");
+    held.release().await.unwrap();
+    tokio::time::sleep(lease * 2).await;
+    proxy.resume();
+    let granted = waiting.await.unwrap();
+    let tokens = monitor.stop_with_tokens_asked_for("lock:{payout:4}");
+    granted
+        .expect("granted under a new token")
+        .release()
+        .await
+        .unwrap();
+
+    let last = tokens.last().expect("tokens asked for");
+    let times = tokens.iter().filter(|token| *token == last).count();
+    assert!(
+        tokens.len() >= 4 && times == 1,
+        "the grant that stood was asked for {times} times (the lapsed one's token?): {tokens:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
