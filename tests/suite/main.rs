@@ -115,3 +115,22 @@ pub(crate) fn assert_each_token_asked_for_once(tokens: &[String]) {
         "a token whose grant was given back was asked for again: {tokens:?}"
     );
 }
+
+/// Once `count` clients wait in the queue for `key`.
+pub(crate) async fn queued_once(redis: &lock_tests::RedisServer, key: &str, count: u64) {
+    let asked = tokio::time::Instant::now();
+    loop {
+        let queued: u64 = redis::cmd("ZCARD")
+            .arg(format!("lock:{{{key}}}:queue"))
+            .query(&mut redis.connection())
+            .unwrap();
+        if queued == count {
+            return;
+        }
+        assert!(
+            asked.elapsed() < std::time::Duration::from_secs(5),
+            "{queued} queued"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

@@ -7,7 +7,7 @@ use lock_runtime::{ClientConfig, LockClient, LockError, LockGuard, LockOptions};
 use lock_tests::{RedisServer, TcpProxy};
 use tokio::time::Instant;
 
-use crate::{acquire_once_back, acquire_while_down};
+use crate::{acquire_once_back, acquire_while_down, queued_once};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_is_an_error_in_bound_and_up_again_works() {
@@ -192,9 +192,9 @@ async fn a_waiter_whose_place_in_the_queue_was_answered_on_a_lost_connection_kee
 
     proxy.stall_answers_after("join");
     let first = waiting_for(&client, &options);
-    queued_once(&redis, 1).await;
+    queued_once(&redis, "invoice", 1).await;
     let second = waiting_for(&later, &options);
-    queued_once(&redis, 2).await;
+    queued_once(&redis, "invoice", 2).await;
     let listening = listening_connections(&redis);
     assert_eq!(listening.len(), 2, "both waiters listen for their grants");
     // Its place was taken; the answer goes with the connection.
@@ -235,22 +235,6 @@ fn waiting_for(
 ) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
     let (client, options) = (client.clone(), options.clone());
     tokio::spawn(async move { client.acquire("invoice", &options).await })
-}
-
-/// Once `count` clients wait in the queue for `invoice`.
-async fn queued_once(redis: &RedisServer, count: u64) {
-    let asked = Instant::now();
-    loop {
-        let queued: u64 = redis::cmd("ZCARD")
-            .arg("lock:{invoice}:queue")
-            .query(&mut redis.connection())
-            .unwrap();
-        if queued == count {
-            return;
-        }
-        assert!(asked.elapsed() < Duration::from_secs(5), "{queued} queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// The ids of the connections subscribed to a channel.

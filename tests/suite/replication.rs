@@ -162,18 +162,7 @@ async fn a_grant_that_lapsed_before_it_was_confirmed_is_not_asked_for_again_unde
         .retry_wait(Duration::from_secs(2))
         .timeout(Duration::from_secs(10));
     let waiting = tokio::spawn(async move { waiter.acquire("payout:4", &options).await });
-    let asked = Instant::now();
-    loop {
-        let queued: u64 = redis::cmd("ZCARD")
-            .arg("lock:{payout:4}:queue")
-            .query(&mut primary.connection())
-            .unwrap();
-        if queued == 1 {
-            break;
-        }
-        assert!(asked.elapsed() < Duration::from_secs(5), "never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    crate::queued_once(&primary, "payout:4", 1).await;
     proxy.stall_answers_after("payout:4");
     held.release().await.unwrap();
     tokio::time::sleep(lease * 2).await;
