@@ -5,7 +5,6 @@
 //! those confirmed beside it; a client that connects while a replica is down waits
 //! for it.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
@@ -15,6 +14,8 @@ use lock_runtime::{ClientConfig, LockClient, LockError, LockInspector, LockOptio
 use lock_tests::{RedisCluster, RedisServer};
 use redis::AsyncCommands;
 use tokio::task::block_in_place;
+
+use crate::once_settled;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locking_runs_on_while_the_slot_migrates() {
@@ -333,21 +334,4 @@ fn a_key(cluster: &RedisCluster, served: impl Fn(u16) -> bool) -> String {
         .map(|n| format!("invoice:{n}"))
         .find(|key| served(cluster.primary_for(cluster.slot_of(key)).port()))
         .expect("every primary serves some slot")
-}
-
-/// `call`'s answer, asked again while it fails for up to 3 s. A Cluster connection
-/// made while a primary is silent may hold its first requests back for a connect
-/// timeout while redis-rs refreshes its slot map, and those requests time out (see
-/// RELIABILITY.md).
-async fn once_settled<T, F>(mut call: impl FnMut() -> F) -> Result<T, LockError>
-where
-    F: Future<Output = Result<T, LockError>>,
-{
-    let started = Instant::now();
-    loop {
-        match call().await {
-            Err(LockError::Backend { .. }) if started.elapsed() < Duration::from_secs(3) => {}
-            answer => return answer,
-        }
-    }
 }

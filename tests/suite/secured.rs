@@ -551,7 +551,9 @@ async fn a_cluster_user_that_may_not_list_shards_still_locks() {
         .iter()
         .map(|server| add_lock_user(server, "+cluster|slots +ping"))
         .collect();
-    let client = LockClient::cluster(&urls).await.unwrap();
+    let client = crate::once_settled(|| LockClient::cluster(&urls))
+        .await
+        .unwrap();
     let guard = client.acquire("invoice:old-acl", &LockOptions::new()).await;
     guard.unwrap().release().await.unwrap();
     client.shutdown().await;
