@@ -280,7 +280,6 @@ async fn grants_beside_one_whose_slot_moved_are_confirmed() {
     client.shutdown().await;
 }
 
-/// Migrates `slot` to a primary other than the one serving it; returns that primary.
 /// A client that connects while the replica of its lock's primary has failed (the
 /// other nodes flag it `fail`, and `CLUSTER SLOTS` leaves it out) waits for a
 /// replica there all the same, as a client connected before does: granting without
@@ -317,6 +316,7 @@ async fn a_client_that_connects_while_a_replica_has_failed_waits_for_one() {
     client.shutdown().await;
 }
 
+/// Migrates `slot` to a primary other than the one serving it; returns that primary.
 fn move_elsewhere(cluster: &RedisCluster, slot: u16) -> &RedisServer {
     let from = cluster.primary_for(slot).port();
     let to = cluster

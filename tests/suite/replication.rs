@@ -1,8 +1,8 @@
 //! Replica sync: a grant counts once a replica has it. With the replica cut off, a
 //! grant is given back, never asked for again under its token, and the caller learns
-//! why, and so is a grant that lapsed before it was confirmed; a renewal the replica does not confirm extends nothing the holder counts on;
-//! many grants share one `WAIT`, on a Cluster one per primary; and a primary without
-//! replicas pays nothing.
+//! why, and so is a grant that lapsed before it was confirmed; a renewal the replica
+//! does not confirm extends nothing the holder counts on; many grants share one
+//! `WAIT`, on a Cluster one per primary; and a primary without replicas pays nothing.
 
 use std::time::Duration;
 
