@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockInspector, LockOptions};
+use lock_runtime::{ClientConfig, LockClient, LockError, LockInspector, LockOptions};
 use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
 use tokio::time::Instant;
 
@@ -542,19 +542,28 @@ fn refused_subscribes(redis: &RedisServer) -> i64 {
 }
 
 /// A user set up by an older README, without `cluster|shards`: the client counts
-/// the replicas by `CLUSTER SLOTS` instead, and locks.
+/// the replicas by `CLUSTER SLOTS` instead, so a grant still waits for the slot's
+/// replica, and locks once it answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_user_that_may_not_list_shards_still_locks() {
+async fn a_cluster_user_that_may_not_list_shards_still_waits_for_replicas() {
     let cluster = RedisCluster::start_with_password("admin-pass");
-    let urls: Vec<String> = cluster
-        .servers
-        .iter()
-        .map(|server| add_lock_user(server, "+cluster|slots +ping"))
-        .collect();
-    let client = crate::once_settled(|| LockClient::cluster(&urls))
+    let urls = cluster_lock_user(&cluster, "+cluster|slots +ping");
+    let config = ClientConfig::new().replica_timeout(Duration::from_millis(100));
+    let client = crate::once_settled(|| LockClient::cluster_with(&urls, config.clone()))
         .await
         .unwrap();
-    let guard = client.acquire("invoice:old-acl", &LockOptions::new()).await;
+    let key = "invoice:old-acl";
+    let replica = &cluster.servers[cluster.shard_for(cluster.slot_of(key)).replica];
+    replica.freeze();
+    let once = LockOptions::new().spin(false);
+    let unconfirmed = client.acquire(key, &once).await;
+    replica.thaw();
+    assert!(
+        matches!(unconfirmed, Err(LockError::Replication { required: 1, .. })),
+        "granted without its replica: {unconfirmed:?}"
+    );
+    let patient = LockOptions::new().timeout(Duration::from_secs(5));
+    let guard = client.acquire(key, &patient).await;
     guard.unwrap().release().await.unwrap();
     client.shutdown().await;
 }
@@ -562,17 +571,23 @@ async fn a_cluster_user_that_may_not_list_shards_still_locks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_takes_the_acl_user_from_its_urls() {
     let cluster = RedisCluster::start_with_password("admin-pass");
-    let urls: Vec<String> = cluster
-        .servers
-        .iter()
-        .map(|server| add_lock_user(server, LOCK_USER_CLUSTER_RULES))
-        .collect();
+    let urls = cluster_lock_user(&cluster, LOCK_USER_CLUSTER_RULES);
     let first = LockClient::cluster(&urls).await.unwrap();
     let second = LockClient::cluster(&urls).await.unwrap();
     exclude_and_wake(&first, &second, &cluster.servers.iter().collect::<Vec<_>>()).await;
     for server in &cluster.servers {
         assert_nothing_denied(server, "the library on a Cluster node");
     }
+}
+
+/// The lock user with the README's rules and `rules` on every node of `cluster`; the
+/// nodes' URLs as that user.
+fn cluster_lock_user(cluster: &RedisCluster, rules: &str) -> Vec<String> {
+    cluster
+        .servers
+        .iter()
+        .map(|server| add_lock_user(server, rules))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

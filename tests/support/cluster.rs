@@ -140,16 +140,8 @@ impl RedisCluster {
             .filter(|server| server.port() != failed.port())
         {
             loop {
-                let nodes: String = redis::cmd("CLUSTER")
-                    .arg("NODES")
-                    .query(&mut server.connection())
-                    .expect("CLUSTER NODES");
-                // `<id> <ip:port@bus port> <flags> ...`, a line per node.
-                let flagged = nodes.lines().any(|line| {
-                    let fields: Vec<&str> = line.split(' ').collect();
-                    fields.len() > 2
-                        && fields[1].starts_with(&address)
-                        && fields[2].split(',').any(|flag| flag == "fail")
+                let flagged = cluster_nodes(server).into_iter().any(|node| {
+                    node.address.starts_with(&address) && node.flags.iter().any(|f| f == "fail")
                 });
                 if flagged {
                     break;
@@ -343,17 +335,36 @@ fn node_id(server: &RedisServer) -> String {
 
 /// The id of the primary `server` replicates, by its own account.
 fn replicating(server: &RedisServer) -> Option<String> {
+    cluster_nodes(server)
+        .into_iter()
+        .find(|node| node.flags.iter().any(|flag| flag == "myself"))
+        .map(|node| node.primary)
+        .filter(|primary| primary != "-")
+}
+
+/// A line of `CLUSTER NODES`: `<id> <ip:port@bus port> <flags> <primary id or -> ...`.
+struct Node {
+    address: String,
+    flags: Vec<String>,
+    primary: String,
+}
+
+/// Every node as `asked` sees it.
+fn cluster_nodes(asked: &RedisServer) -> Vec<Node> {
     let nodes: String = redis::cmd("CLUSTER")
         .arg("NODES")
-        .query(&mut server.connection())
+        .query(&mut asked.connection())
         .expect("CLUSTER NODES");
-    // `<id> <ip:port@bus port> <flags> <primary id or -> ...`, a line per node.
     nodes
         .lines()
         .map(|line| line.split(' ').collect::<Vec<_>>())
-        .find(|fields| fields.len() > 3 && fields[2].split(',').any(|flag| flag == "myself"))
-        .map(|fields| fields[3].to_owned())
-        .filter(|primary| primary != "-")
+        .filter(|fields| fields.len() > 3)
+        .map(|fields| Node {
+            address: fields[1].to_owned(),
+            flags: fields[2].split(',').map(str::to_owned).collect(),
+            primary: fields[3].to_owned(),
+        })
+        .collect()
 }
 
 /// `CLUSTER SLOTS` as `asked` sees it: `[start, end, [ip, port, id], replicas...]`

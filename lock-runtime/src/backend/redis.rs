@@ -832,28 +832,24 @@ async fn compare_and_delete(connection: &Connection, limit: Duration) -> Compare
 
 /// What a server without a command answers.
 fn is_unknown_command(error: &RedisError) -> bool {
-    error.code() == Some("ERR")
-        && error
-            .detail()
-            .is_some_and(|detail| detail.contains("unknown command"))
+    is_err_saying(error, "unknown command")
 }
 
 /// What a compare-and-delete answers on a key that is no string: `WRONGTYPE`, but
 /// Redis 8.6's `DELEX … IFEQ` answers `ERR Key should be of string type …`.
 fn is_no_string(error: &RedisError) -> bool {
-    error.code() == Some("WRONGTYPE")
-        || error.code() == Some("ERR")
-            && error
-                .detail()
-                .is_some_and(|detail| detail.contains("should be of string type"))
+    error.code() == Some("WRONGTYPE") || is_err_saying(error, "should be of string type")
 }
 
 /// What a server without an optional argument answers.
 fn is_syntax_error(error: &RedisError) -> bool {
-    error.code() == Some("ERR")
-        && error
-            .detail()
-            .is_some_and(|detail| detail.contains("syntax"))
+    is_err_saying(error, "syntax")
+}
+
+/// Whether `error` is a plain `ERR` whose message holds `words`: what a server
+/// says where it has no error code of its own for it.
+fn is_err_saying(error: &RedisError, words: &str) -> bool {
+    error.code() == Some("ERR") && error.detail().is_some_and(|detail| detail.contains(words))
 }
 
 /// Locks are keys with a lease, which every eviction policy but `noeviction` may
