@@ -92,18 +92,35 @@ impl<T: ToTokens> Code<T> {
     }
 }
 
-/// The key's first part: written out, or named, a `&str` constant the fn's code
-/// can name too.
-pub(crate) enum Prefix {
-    Written(LitStr),
+/// An option's value: written out, or named, a constant the fn's code can name too,
+/// whose type the compiler checks where the name is.
+pub(crate) enum Given<T> {
+    Written(T),
     Named(Path),
 }
 
-impl ToTokens for Prefix {
+impl<T> Given<T> {
+    /// The value, when it is written out: a named one is known only to the compiler.
+    pub(crate) fn written(&self) -> Option<&T> {
+        match self {
+            Given::Written(value) => Some(value),
+            Given::Named(_) => None,
+        }
+    }
+
+    fn try_map<U>(self, check: impl FnOnce(T) -> syn::Result<U>) -> syn::Result<Given<U>> {
+        match self {
+            Given::Written(value) => check(value).map(Given::Written),
+            Given::Named(path) => Ok(Given::Named(path)),
+        }
+    }
+}
+
+impl<T: ToTokens> ToTokens for Given<T> {
     fn to_tokens(&self, tokens: &mut TokenStream) {
         match self {
-            Prefix::Written(lit) => lit.to_tokens(tokens),
-            Prefix::Named(path) => path.to_tokens(tokens),
+            Given::Written(value) => value.to_tokens(tokens),
+            Given::Named(path) => path.to_tokens(tokens),
         }
     }
 }
@@ -116,20 +133,20 @@ pub(crate) enum OnLost {
 
 #[derive(Default)]
 pub(crate) struct Options {
-    pub(crate) prefix: Option<Setting<Prefix>>,
+    pub(crate) prefix: Option<Setting<Given<LitStr>>>,
     /// Each key expression; parsed from a string, its tokens carry the string's span.
     pub(crate) keys: Option<Setting<Vec<Code<Expr>>>>,
     pub(crate) spin: Option<Setting<bool>>,
-    pub(crate) retries: Option<Setting<u32>>,
-    pub(crate) wait_ms: Option<Setting<u64>>,
-    pub(crate) timeout_ms: Option<Setting<u64>>,
-    pub(crate) expire_ms: Option<Setting<u64>>,
-    pub(crate) max_hold_ms: Option<Setting<u64>>,
-    pub(crate) hold_at_least_ms: Option<Setting<u64>>,
+    pub(crate) retries: Option<Setting<Given<u32>>>,
+    pub(crate) wait_ms: Option<Setting<Given<u64>>>,
+    pub(crate) timeout_ms: Option<Setting<Given<u64>>>,
+    pub(crate) expire_ms: Option<Setting<Given<u64>>>,
+    pub(crate) max_hold_ms: Option<Setting<Given<u64>>>,
+    pub(crate) hold_at_least_ms: Option<Setting<Given<u64>>>,
     pub(crate) watchdog: Option<Setting<bool>>,
     pub(crate) reentrant: Option<Setting<bool>>,
     pub(crate) fencing: Option<Setting<bool>>,
-    pub(crate) permits: Option<Setting<u32>>,
+    pub(crate) permits: Option<Setting<Given<u32>>>,
     pub(crate) shared: Option<Setting<bool>>,
     pub(crate) multi: Option<Setting<bool>>,
     pub(crate) guard: Option<Setting<Ident>>,
@@ -300,17 +317,21 @@ fn string(expr: &Expr, expected: impl FnOnce() -> String) -> syn::Result<LitStr>
     }
 }
 
-fn integer(name: &str, expr: &Expr, example: u64) -> syn::Result<LitInt> {
-    let expected = || format!("`{name}` takes an integer, like `{name} = {example}`");
+/// An integer written out, or the name of a constant of type `ty`.
+fn integer(name: &str, expr: &Expr, example: u64, ty: &str) -> syn::Result<Given<LitInt>> {
+    if let Some(path) = constant(expr) {
+        return Ok(Given::Named(path));
+    }
+    let expected = format!("`{name}` takes an integer, like `{name} = {example}`");
     match expr {
         Expr::Lit(ExprLit {
             lit: Lit::Int(lit), ..
-        }) if lit.suffix().is_empty() => Ok(lit.clone()),
+        }) if lit.suffix().is_empty() => Ok(Given::Written(lit.clone())),
         Expr::Lit(ExprLit {
             lit: Lit::Int(lit), ..
         }) => Err(syn::Error::new_spanned(
             lit,
-            format!("{}, without the `{}` suffix", expected(), lit.suffix()),
+            format!("{expected}, without the `{}` suffix", lit.suffix()),
         )),
         Expr::Unary(ExprUnary {
             op: UnOp::Neg(_), ..
@@ -318,7 +339,28 @@ fn integer(name: &str, expr: &Expr, example: u64) -> syn::Result<LitInt> {
             expr,
             format!("`{name}` cannot be negative"),
         )),
-        _ => Err(syn::Error::new_spanned(expr, expected())),
+        _ => Err(syn::Error::new_spanned(
+            expr,
+            format!("{expected}, or the name of a `{ty}` constant"),
+        )),
+    }
+}
+
+/// The path in `expr` when it names a constant, by its case: a lowercase name is
+/// more likely a value mistyped, a string without its quotes say.
+fn constant(expr: &Expr) -> Option<Path> {
+    match expr {
+        Expr::Path(path)
+            if path.qself.is_none()
+                && path
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|last| is_item_like(&last.ident)) =>
+        {
+            Some(path.path.clone())
+        }
+        _ => None,
     }
 }
 
@@ -362,18 +404,9 @@ fn embedded<T>(
     })
 }
 
-fn prefix(name: &str, expr: &Expr) -> syn::Result<Prefix> {
-    // A constant's name, by its case: a lowercase one is more likely a string
-    // without its quotes.
-    if let Expr::Path(path) = expr
-        && path.qself.is_none()
-        && path
-            .path
-            .segments
-            .last()
-            .is_some_and(|last| is_item_like(&last.ident))
-    {
-        return Ok(Prefix::Named(path.path.clone()));
+fn prefix(name: &str, expr: &Expr) -> syn::Result<Given<LitStr>> {
+    if let Some(path) = constant(expr) {
+        return Ok(Given::Named(path));
     }
     let lit = string(expr, || {
         format!(
@@ -387,7 +420,7 @@ fn prefix(name: &str, expr: &Expr) -> syn::Result<Prefix> {
             "`prefix` must not be empty; drop it to use the fn's module path and name",
         ));
     }
-    Ok(Prefix::Written(lit))
+    Ok(Given::Written(lit))
 }
 
 /// `Shard`, `SHARD`, `Eu`: a type, constant or variant, not a value of the fn's.
@@ -449,15 +482,15 @@ fn switch(name: &str, expr: &Expr, example: bool) -> syn::Result<bool> {
     }
 }
 
-fn retries(name: &str, expr: &Expr) -> syn::Result<u32> {
-    let lit = integer(name, expr, 20)?;
-    lit.base10_parse()
-        .map_err(|_| too_large(&lit, name, u32::MAX))
+fn retries(name: &str, expr: &Expr) -> syn::Result<Given<u32>> {
+    integer(name, expr, 20, "u32")?.try_map(|lit| {
+        lit.base10_parse()
+            .map_err(|_| too_large(&lit, name, u32::MAX))
+    })
 }
 
-fn permits(name: &str, expr: &Expr) -> syn::Result<u32> {
-    let lit = integer(name, expr, 5)?;
-    match lit.base10_parse() {
+fn permits(name: &str, expr: &Expr) -> syn::Result<Given<u32>> {
+    integer(name, expr, 5, "u32")?.try_map(|lit| match lit.base10_parse() {
         Ok(0) => Err(syn::Error::new_spanned(
             lit,
             format!(
@@ -467,38 +500,19 @@ fn permits(name: &str, expr: &Expr) -> syn::Result<u32> {
         )),
         Ok(permits) => Ok(permits),
         Err(_) => Err(too_large(&lit, name, u32::MAX)),
-    }
+    })
 }
 
-fn millis(name: &str, expr: &Expr) -> syn::Result<u64> {
-    let lit = integer(name, expr, 500)?;
-    match lit.base10_parse() {
-        Ok(0) => Err(syn::Error::new_spanned(
-            lit,
-            format!("`{name}` must be at least 1 ms"),
-        )),
-        Ok(millis) => Ok(millis),
-        Err(_) => Err(too_large(&lit, name, u64::MAX)),
-    }
+fn millis(name: &str, expr: &Expr) -> syn::Result<Given<u64>> {
+    integer(name, expr, 500, "u64")?.try_map(|lit| whole_millis(name, &lit))
 }
 
-fn lease_millis(name: &str, expr: &Expr) -> syn::Result<u64> {
-    let millis = millis(name, expr)?;
-    if millis > MAX_LEASE_MS {
-        return Err(syn::Error::new_spanned(
-            expr,
-            format!(
-                "`{name}` is longer than Redis accepts; use at most {MAX_LEASE_MS}, \
-                 or drop it to have the watchdog renew a shorter lease"
-            ),
-        ));
-    }
-    Ok(millis)
+fn lease_millis(name: &str, expr: &Expr) -> syn::Result<Given<u64>> {
+    integer(name, expr, 500, "u64")?.try_map(|lit| lease(name, &lit))
 }
 
-fn expire_millis(name: &str, expr: &Expr) -> syn::Result<u64> {
-    let lit = integer(name, expr, 30_000)?;
-    match lit.base10_parse::<u64>() {
+fn expire_millis(name: &str, expr: &Expr) -> syn::Result<Given<u64>> {
+    integer(name, expr, 30_000, "u64")?.try_map(|lit| match lit.base10_parse::<u64>() {
         Ok(millis) if millis < MIN_LEASE_MS => Err(syn::Error::new_spanned(
             lit,
             format!(
@@ -506,8 +520,33 @@ fn expire_millis(name: &str, expr: &Expr) -> syn::Result<u64> {
                  (1% + 2 ms) uses up a shorter lease, so it could never be held"
             ),
         )),
-        _ => lease_millis(name, expr),
+        _ => lease(name, &lit),
+    })
+}
+
+fn whole_millis(name: &str, lit: &LitInt) -> syn::Result<u64> {
+    match lit.base10_parse() {
+        Ok(0) => Err(syn::Error::new_spanned(
+            lit,
+            format!("`{name}` must be at least 1 ms"),
+        )),
+        Ok(millis) => Ok(millis),
+        Err(_) => Err(too_large(lit, name, u64::MAX)),
     }
+}
+
+fn lease(name: &str, lit: &LitInt) -> syn::Result<u64> {
+    let millis = whole_millis(name, lit)?;
+    if millis > MAX_LEASE_MS {
+        return Err(syn::Error::new_spanned(
+            lit,
+            format!(
+                "`{name}` is longer than Redis accepts; use at most {MAX_LEASE_MS}, \
+                 or drop it to have the watchdog renew a shorter lease"
+            ),
+        ));
+    }
+    Ok(millis)
 }
 
 fn guard(name: &str, expr: &Expr) -> syn::Result<Ident> {

@@ -5,7 +5,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::{Ident, LitStr};
 
-use crate::attr::{OnLost, Options};
+use crate::attr::{Given, OnLost, Options};
 use crate::item::Function;
 use crate::span::{ends, respan};
 use crate::valid::Returns;
@@ -124,33 +124,33 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
         });
 
     let mut setters = TokenStream::new();
-    let millis = |millis: u64| quote!(::core::time::Duration::from_millis(#millis));
+    let millis = |millis: &Given<u64>| quote!(::core::time::Duration::from_millis(#millis));
     if let Some(spin) = &options.spin {
         let spin = spin.value;
         setters.extend(quote!(.spin(#spin)));
     }
     if let Some(retries) = &options.retries {
-        let retries = retries.value;
+        let retries = &retries.value;
         setters.extend(quote!(.retries(#retries)));
     }
     if let Some(wait) = &options.wait_ms {
-        let wait = millis(wait.value);
+        let wait = millis(&wait.value);
         setters.extend(quote!(.retry_wait(#wait)));
     }
     if let Some(timeout) = &options.timeout_ms {
-        let timeout = millis(timeout.value);
+        let timeout = millis(&timeout.value);
         setters.extend(quote!(.timeout(#timeout)));
     }
     if let Some(lease) = &options.expire_ms {
-        let lease = millis(lease.value);
+        let lease = millis(&lease.value);
         setters.extend(quote!(.lease(#lease)));
     }
     if let Some(max_hold) = &options.max_hold_ms {
-        let max_hold = millis(max_hold.value);
+        let max_hold = millis(&max_hold.value);
         setters.extend(quote!(.max_hold(#max_hold)));
     }
     if let Some(window) = &options.hold_at_least_ms {
-        let window = millis(window.value);
+        let window = millis(&window.value);
         setters.extend(quote!(.hold_at_least(#window)));
     }
     if let Some(watchdog) = &options.watchdog {
@@ -166,7 +166,7 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
         setters.extend(quote!(.fencing(#fencing)));
     }
     if let Some(permits) = &options.permits {
-        let permits = permits.value;
+        let permits = &permits.value;
         setters.extend(quote!(.permits(#permits)));
     }
     if let Some(shared) = &options.shared {

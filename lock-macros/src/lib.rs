@@ -82,7 +82,11 @@ use syn::ItemFn;
 ///
 /// Each option is given at most once, as `name = value` (`keys` also as `keys(..)`),
 /// separated by commas. Times (`*_ms`) are whole milliseconds, at least 1, written
-/// without a suffix.
+/// without a suffix. A count or a time may also be the name of a constant, by a path
+/// that ends in a capital (`timeout_ms = PAYMENT_TIMEOUT_MS`, a `u64`; `retries` and
+/// `permits` take a `u32`): the compiler checks its type there, and the runtime
+/// checks its value on every call, refusing with `LockError::InvalidOptions` what
+/// the attribute refuses when the value is written out.
 ///
 /// ## `prefix = "name"` or `prefix = CONSTANT`
 ///
@@ -198,6 +202,13 @@ use syn::ItemFn;
 /// # use lock_runtime::{LockError, distributed_lock};
 /// #[distributed_lock(timeout_ms = 2_000)]
 /// async fn bounded() -> Result<(), LockError> {
+///     Ok(())
+/// }
+///
+/// const PAYMENT_TIMEOUT_MS: u64 = 5_000;
+///
+/// #[distributed_lock(prefix = "payment", timeout_ms = PAYMENT_TIMEOUT_MS)]
+/// async fn pay() -> Result<(), LockError> {
 ///     Ok(())
 /// }
 /// ```

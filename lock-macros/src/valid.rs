@@ -9,7 +9,7 @@ use syn::{
     ReturnType, Stmt, Token, Type, TypeParamBound,
 };
 
-use crate::attr::{Options, Prefix, Setting, WATCHDOG_LEASE_MS, is_item_like};
+use crate::attr::{Given, Options, Setting, WATCHDOG_LEASE_MS, is_item_like};
 use crate::item::Function;
 
 /// How a lock error reaches the caller.
@@ -207,16 +207,22 @@ fn contradictions(options: &Options) -> Vec<syn::Error> {
             ));
         }
     }
-    if let Some(window) = &options.hold_at_least_ms {
+    if let Some(window) = &options.hold_at_least_ms
+        && let Some(&window_ms) = window.value.written()
+    {
         // As the runtime settles them: without `expire_ms`, a 30 s lease that the
-        // watchdog renews unless `watchdog = false`.
-        let lease = options.expire_ms.as_ref().map(|lease| lease.value);
+        // watchdog renews unless `watchdog = false`. A lease named by a constant is
+        // the runtime's to compare.
+        let lease = options.expire_ms.as_ref().map(|lease| &lease.value);
+        let lease_ms = match lease {
+            Some(lease) => lease.written().copied(),
+            None => Some(WATCHDOG_LEASE_MS),
+        };
         let watchdog = options
             .watchdog
             .as_ref()
             .map_or(lease.is_none(), |watchdog| watchdog.value);
-        let lease_ms = lease.unwrap_or(WATCHDOG_LEASE_MS);
-        if !watchdog && window.value > lease_ms {
+        if !watchdog && lease_ms.is_some_and(|lease_ms| window_ms > lease_ms) {
             errors.push(window.error(match lease {
                 Some(_) => {
                     "`hold_at_least_ms` is longer than the fixed lease of `expire_ms`, which would \
@@ -241,9 +247,13 @@ fn family(options: &Options) -> Vec<syn::Error> {
     let mut errors = Vec::new();
     let shared = on(&options.shared);
     // `permits = 1` is a plain lock, which does have a shared side.
-    let semaphore = options.permits.as_ref().filter(|permits| permits.value > 1);
+    // A count named by a constant is the runtime's to check.
+    let semaphore = options
+        .permits
+        .as_ref()
+        .and_then(|permits| permits.value.written())
+        .filter(|&&permits| permits > 1);
     if let (Some(permits), Some(shared)) = (semaphore, shared) {
-        let permits = permits.value;
         errors.push(shared.error(format!(
             "`shared = true` asks for a read lock, but `permits = {permits}` makes a semaphore, \
              which has no shared side; drop `shared` to let up to {permits} callers hold the \
@@ -252,7 +262,6 @@ fn family(options: &Options) -> Vec<syn::Error> {
     }
     if let Some(fencing) = on(&options.fencing) {
         if let Some(permits) = semaphore {
-            let permits = permits.value;
             errors.push(fencing.error(format!(
                 "`fencing = true` issues increasing tokens, one holder after another, but \
                  `permits = {permits}` lets {permits} callers hold the lock at once; drop \
@@ -312,8 +321,8 @@ fn uses_a_parameter(
         ));
     }
     let prefix = match options.prefix.as_ref().map(|prefix| &prefix.value) {
-        Some(Prefix::Written(prefix)) => Some(prefix.value()),
-        Some(Prefix::Named(_)) => None,
+        Some(Given::Written(prefix)) => Some(prefix.value()),
+        Some(Given::Named(_)) => None,
         None => Some(function.sig().ident.unraw().to_string()),
     };
     let example = fixed_text(key)

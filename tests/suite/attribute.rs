@@ -546,22 +546,97 @@ async fn two_clients(redis: &RedisServer) -> [LockClient; 2] {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn permits_let_that_many_bodies_run_at_once_across_clients() {
-    let redis = RedisServer::start();
-    let clients = two_clients(&redis).await;
+/// The most bodies of `body` inside at once, called 8 times on two clients.
+async fn most_at_once<Body>(
+    redis: &RedisServer,
+    body: fn(LockClient, Arc<Overlap>) -> Body,
+) -> usize
+where
+    Body: Future<Output = Result<(), LockError>> + Send + 'static,
+{
+    let clients = two_clients(redis).await;
     let overlap = Arc::new(Overlap::default());
     let callers: Vec<_> = (0..8)
-        .map(|caller| tokio::spawn(export(clients[caller % 2].clone(), overlap.clone())))
+        .map(|caller| tokio::spawn(body(clients[caller % 2].clone(), overlap.clone())))
         .collect();
     for caller in callers {
         caller.await.unwrap().unwrap();
     }
+    overlap.most()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_let_that_many_bodies_run_at_once_across_clients() {
+    let redis = RedisServer::start();
     assert_eq!(
-        overlap.most(),
+        most_at_once(&redis, export).await,
         2,
         "with two permits, two bodies and never three run at once"
     );
+}
+
+const EXPORT_SEATS: u32 = 2;
+const PATIENT_MS: u64 = 10_000;
+
+#[distributed_lock(client = "locks", prefix = "seated-export", permits = EXPORT_SEATS, timeout_ms = PATIENT_MS)]
+async fn seated_export(locks: LockClient, overlap: Arc<Overlap>) -> Result<(), LockError> {
+    overlap.section(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+#[distributed_lock(client = "locks", prefix = "patient", timeout_ms = PATIENT_MS)]
+async fn patient(locks: &LockClient) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_named_by_constants_apply_as_written_ones() {
+    let redis = RedisServer::start();
+    assert_eq!(
+        most_at_once(&redis, seated_export).await,
+        2,
+        "with `permits = EXPORT_SEATS`, two bodies and never three run at once"
+    );
+
+    // Held for longer than the default 20 retries wait, shorter than `PATIENT_MS`.
+    let clients = two_clients(&redis).await;
+    let held = clients[0]
+        .acquire("patient", &lock_runtime::LockOptions::new())
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        held.release().await
+    });
+    patient(&clients[1])
+        .await
+        .expect("`timeout_ms = PATIENT_MS` waits out the holder");
+    release.await.unwrap().unwrap();
+}
+
+const NO_SEATS: u32 = 0;
+
+#[distributed_lock(client = "locks", prefix = "unseated", permits = NO_SEATS)]
+async fn unseated(locks: &LockClient, ran: &AtomicBool) -> Result<(), LockError> {
+    ran.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_constant_refused_written_out_is_refused_on_every_call() {
+    let redis = RedisServer::start();
+    let locks = LockClient::connect(&redis.url()).await.unwrap();
+    let ran = AtomicBool::new(false);
+    for _ in 0..2 {
+        match unseated(&locks, &ran).await {
+            Err(LockError::InvalidOptions { key, reason, .. }) => {
+                assert_eq!(key, "unseated");
+                assert!(reason.contains("`permits` must be at least 1"), "{reason}");
+            }
+            other => panic!("expected InvalidOptions, got {other:?}"),
+        }
+    }
+    assert!(!ran.load(Ordering::SeqCst), "the body ran without a lock");
 }
 
 /// Readers and writers inside at once; an overlap of a writer with anyone is seen by

@@ -69,6 +69,30 @@ async fn through_a_reexport() -> Result<(), LockError> {
     Ok(())
 }
 
+mod limits {
+    pub const RETRIES: u32 = 5;
+    pub const SEATS: u32 = 3;
+}
+const WAIT_MS: u64 = 20;
+const TIMEOUT_MS: u64 = 1_000;
+const LEASE_MS: u64 = 3_000;
+const MAX_HOLD_MS: u64 = 60_000;
+
+// Counts and times named by constants, a path to one among them.
+#[distributed_lock(
+    retries = limits::RETRIES,
+    wait_ms = WAIT_MS,
+    timeout_ms = TIMEOUT_MS,
+    expire_ms = LEASE_MS,
+    watchdog = true,
+    max_hold_ms = MAX_HOLD_MS,
+    hold_at_least_ms = WAIT_MS,
+    permits = limits::SEATS,
+)]
+async fn named() -> Result<(), LockError> {
+    Ok(())
+}
+
 fn assert_send<T: Send>(_: T) {}
 
 fn main() {
@@ -78,5 +102,7 @@ fn main() {
     assert_send(capped_watchdog());
     assert_send(deadline_only());
     assert_send(r#type());
+    assert_send(named());
     assert_send(through_a_reexport());
 }
+
