@@ -85,8 +85,8 @@ use syn::ItemFn;
 /// without a suffix. A count or a time may also be the name of a constant, by a path
 /// that ends in a capital (`timeout_ms = PAYMENT_TIMEOUT_MS`, a `u64`; `retries` and
 /// `permits` take a `u32`): the compiler checks its type there, and the runtime
-/// checks its value on every call, as it checks `LockOptions`: a value the attribute
-/// refuses written out fails with `LockError::InvalidOptions`, but for a zero
+/// checks its value on every call as it checks `LockOptions`: a value the attribute
+/// would refuse written out fails with `LockError::InvalidOptions`, except a zero
 /// `timeout_ms`, which tries once without waiting.
 ///
 /// ## `prefix = "name"` or `prefix = CONSTANT`

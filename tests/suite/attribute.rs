@@ -598,7 +598,8 @@ async fn options_named_by_constants_apply_as_written_ones() {
         "with `permits = EXPORT_SEATS`, two bodies and never three run at once"
     );
 
-    // Held for longer than the default 20 retries wait, shorter than `PATIENT_MS`.
+    // Held longer than the default 20 retries last (about 1 s), and shorter than
+    // `PATIENT_MS`.
     let clients = two_clients(&redis).await;
     let held = clients[0]
         .acquire("patient", &lock_runtime::LockOptions::new())
