@@ -83,15 +83,17 @@ impl ClientConfig {
     /// holders. Sentinel and Cluster promote the replica that is furthest along, so
     /// one is enough.
     ///
-    /// The default is 1 wherever the primary has replicas when the client connects
-    /// (those the Sentinels list, those Cluster lists for the slot's primary, down
-    /// ones included; those in sync with one server, as `ROLE` lists them, which
-    /// leaves out one that is down), else 0, which costs nothing. The
-    /// count is fixed then: a replica that disconnects later may still be the one
-    /// promoted, so while it is away grants fail with [`LockError::Replication`]
-    /// after [`replica_timeout`](Self::replica_timeout). `replicas(0)` chooses
-    /// availability instead. Does not apply to Redlock, whose masters are
-    /// independent.
+    /// The default is 1 wherever the primary has replicas (those the Sentinels
+    /// list, those Cluster lists for the slot's primary, down ones included; those
+    /// in sync with one server, as `ROLE` lists them, which leaves out one that is
+    /// down), else 0, which costs nothing. The replicas are counted at connect and
+    /// again every 10 s while the client is used, so a replica added later is
+    /// waited for from then on. A count never drops: a replica that disconnects may
+    /// still be the one promoted, so while it is away grants fail with
+    /// [`LockError::Replication`] after [`replica_timeout`](Self::replica_timeout),
+    /// and one removed for good is waited for until the client connects again.
+    /// `replicas(0)` chooses availability instead. Does not apply to Redlock, whose
+    /// masters are independent.
     pub fn replicas(mut self, replicas: usize) -> Self {
         self.replicas = Some(replicas);
         self

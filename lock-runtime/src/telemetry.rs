@@ -176,15 +176,21 @@ pub(crate) fn eviction_possible(policy: &str) {
 }
 
 /// The Cluster would not list its shards (`CLUSTER SHARDS`, refused by the user's
-/// ACL): a replica it flags failed while the client connects is not counted, and
-/// grants on that replica's slots wait for none.
+/// ACL): a replica it flags failed while the client counts is not counted, and
+/// grants on that replica's slots wait for none. Said once a process: the replicas
+/// are counted again every few seconds.
 pub(crate) fn failed_replicas_uncounted() {
     #[cfg(feature = "tracing")]
-    tracing::warn!(
-        "the Cluster refused `CLUSTER SHARDS`, so a replica that is down now is not \
-         counted, and grants on its primary's slots will not wait for a replica; \
-         allow `cluster|shards` to the user"
-    );
+    {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "the Cluster refused `CLUSTER SHARDS`, so a replica that is down now is \
+                 not counted, and grants on its primary's slots will not wait for a \
+                 replica; allow `cluster|shards` to the user"
+            );
+        }
+    }
 }
 
 /// Whether anything listens to [`eviction_possible`], so that the check is worth a

@@ -2,12 +2,14 @@
 //! grant is given back, never asked for again under its token, and the caller learns
 //! why, and so is a grant that lapsed before it was confirmed; a renewal the replica
 //! does not confirm extends nothing the holder counts on; many grants share one
-//! `WAIT`, on a Cluster one per primary; and a primary without replicas pays nothing.
+//! `WAIT`, on a Cluster one per primary; a primary without replicas pays nothing; and
+//! a replica added after the client connected is waited for within a recount, on one
+//! server, through Sentinel and on a Cluster.
 
 use std::time::Duration;
 
 use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
-use lock_tests::{RedisCluster, RedisServer, TcpProxy};
+use lock_tests::{RedisCluster, RedisServer, SentinelGroup, TcpProxy};
 use tokio::time::Instant;
 
 /// A primary and a replica in sync with it.
@@ -337,6 +339,105 @@ async fn a_primary_without_replicas_pays_nothing() {
     guard.release().await.unwrap();
     assert_eq!(primary.calls("wait"), 0);
     assert_eq!(primary.calls("pexpireat"), 0, "no confirmation round ran");
+}
+
+/// With `added`, a replica started after `client` connected, frozen: grants of one
+/// key, one every 250 ms, until one fails for want of its acknowledgement, since the
+/// client counted it, within 20 s (twice the recount's period). Thawed, it confirms
+/// the next grant.
+async fn the_added_replica_is_waited_for(client: &LockClient, added: &RedisServer) {
+    freeze(added);
+    let started = Instant::now();
+    loop {
+        match client
+            .acquire("payout:9", &LockOptions::new().spin(false))
+            .await
+        {
+            Err(LockError::Replication { required: 1, .. }) => break,
+            Ok(guard) => guard.release().await.unwrap(),
+            Err(other) => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no grant waited for the added replica within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    added.thaw();
+    let guard = client.acquire("payout:9", &LockOptions::new()).await;
+    guard
+        .expect("confirmed by the replica")
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_added_after_connect_is_waited_for() {
+    let primary = RedisServer::start();
+    let client = LockClient::connect_with(&primary.url(), quick_to_give_up())
+        .await
+        .unwrap();
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    replica.wait_until_in_sync(Duration::from_secs(10));
+    the_added_replica_is_waited_for(&client, &replica).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_replica_added_after_connect_is_waited_for() {
+    let mut cluster = RedisCluster::start_without_replicas();
+    let client = LockClient::cluster_with(cluster.urls(), quick_to_give_up())
+        .await
+        .unwrap();
+    let slot = cluster.slot_of("payout:9");
+    let primary = (cluster.servers.iter())
+        .position(|server| server.port() == cluster.primary_for(slot).port())
+        .unwrap();
+    let replica = cluster.add_replica(primary);
+    the_added_replica_is_waited_for(&client, &cluster.servers[replica]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinel_a_replica_added_after_connect_is_waited_for() {
+    let mut group = SentinelGroup::start(Duration::from_secs(5));
+    // The group's replica goes, and the Sentinels forget it.
+    group.replica.kill();
+    let lists_replicas = |sentinel: &RedisServer| {
+        let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+            .arg("REPLICAS")
+            .arg(group.name)
+            .query(&mut sentinel.connection())
+            .unwrap();
+        !replicas.is_empty()
+    };
+    let started = Instant::now();
+    for sentinel in &group.sentinels {
+        let _: i64 = redis::cmd("SENTINEL")
+            .arg("RESET")
+            .arg(group.name)
+            .query(&mut sentinel.connection())
+            .unwrap();
+        while lists_replicas(sentinel) {
+            assert!(started.elapsed() < Duration::from_secs(10), "not forgotten");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let client = LockClient::sentinel_with(group.sentinel_urls(), group.name, quick_to_give_up())
+        .await
+        .unwrap();
+    let port = group.primary.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    replica.wait_until_in_sync(Duration::from_secs(10));
+    // The Sentinels find a replica in the primary's `INFO`, asked every 10 s.
+    let started = Instant::now();
+    for sentinel in &group.sentinels {
+        while !lists_replicas(sentinel) {
+            assert!(started.elapsed() < Duration::from_secs(30), "not listed");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    the_added_replica_is_waited_for(&client, &replica).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,11 +5,25 @@ use std::sync::Arc;
 
 use crate::{RedisServer, TestCa};
 
-/// A Redis Cluster of three primaries with a replica each, on loopback ports, made
-/// with `redis-cli --cluster create`. Its servers stop when it is dropped.
+/// A Redis Cluster of three primaries, each with a replica unless started without, on
+/// loopback ports, made with `redis-cli --cluster create`. Its servers stop when it
+/// is dropped.
 pub struct RedisCluster {
     pub servers: Vec<RedisServer>,
+    /// Whether every primary has a replica, as `wait_until_ok` then waits for.
+    replicated: bool,
 }
+
+/// How each node of a cluster of ours runs. A replica that lost its link syncs again
+/// at once, not after the 5 s a diskless primary waits for more replicas by default.
+const NODE_CONFIG: [&str; 6] = [
+    "--cluster-enabled",
+    "yes",
+    "--cluster-node-timeout",
+    "2000",
+    "--repl-diskless-sync-delay",
+    "0",
+];
 
 /// A primary and its replica, by their places in [`RedisCluster::servers`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,31 +34,77 @@ pub struct Shard {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
-        Self::start_as(None, None)
+        Self::start_as(None, None, 1)
+    }
+
+    /// Three primaries and no replica, until [`add_replica`](Self::add_replica).
+    pub fn start_without_replicas() -> RedisCluster {
+        Self::start_as(None, None, 0)
+    }
+
+    /// Starts a node and makes it a replica of the primary `servers[primary]`, as an
+    /// operator scales a shard out; waits until it is in sync and every node lists
+    /// it. Returns its place in `servers`.
+    pub fn add_replica(&mut self, primary: usize) -> usize {
+        let replica = RedisServer::start_with(&NODE_CONFIG);
+        let primary_id = node_id(&self.servers[primary]);
+        let added = Command::new("redis-cli")
+            .args(["--cluster", "add-node"])
+            .arg(format!("127.0.0.1:{}", replica.port()))
+            .arg(format!("127.0.0.1:{}", self.servers[primary].port()))
+            .args(["--cluster-slave", "--cluster-master-id", &primary_id])
+            .output()
+            .expect("run redis-cli (Debian package redis-tools)");
+        assert!(
+            added.status.success(),
+            "redis-cli --cluster add-node failed: {}",
+            String::from_utf8_lossy(&added.stdout)
+        );
+        let started = Instant::now();
+        while replicating(&replica).as_deref() != Some(primary_id.as_str()) {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the new node did not become a replica"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        replica.wait_until_in_sync(Duration::from_secs(20));
+        let address = format!("127.0.0.1:{}@", replica.port());
+        for server in &self.servers {
+            while !cluster_nodes(server)
+                .iter()
+                .any(|node| node.address.starts_with(&address) && node.primary == primary_id)
+            {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "port {} did not list the new replica",
+                    server.port()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        self.servers.push(replica);
+        self.servers.len() - 1
     }
 
     /// Like [`start`](Self::start), with every node requiring `password`.
     pub fn start_with_password(password: &str) -> RedisCluster {
-        Self::start_as(Some(password), None)
+        Self::start_as(Some(password), None, 1)
     }
 
     /// Like [`start`](Self::start), with every node speaking TLS only (the Cluster
     /// bus too), with certificates `ca` signed.
     pub fn start_with_tls(ca: &Arc<TestCa>) -> RedisCluster {
-        Self::start_as(None, Some(ca))
+        Self::start_as(None, Some(ca), 1)
     }
 
-    fn start_as(password: Option<&str>, tls: Option<&Arc<TestCa>>) -> RedisCluster {
-        // A replica that lost its link syncs again at once, not after the 5 s a
-        // diskless primary waits for more replicas by default.
-        let config = [
-            "--cluster-enabled",
-            "yes",
-            "--cluster-node-timeout",
-            "2000",
-            "--repl-diskless-sync-delay",
-            "0",
-        ];
+    /// With `replicas` replicas of each of the three primaries.
+    fn start_as(
+        password: Option<&str>,
+        tls: Option<&Arc<TestCa>>,
+        replicas: usize,
+    ) -> RedisCluster {
+        let config = NODE_CONFIG;
         let server = || match (password, tls) {
             (Some(password), _) => RedisServer::start_with_password(password, &config),
             (None, Some(ca)) => {
@@ -57,7 +117,7 @@ impl RedisCluster {
             }
             (None, None) => RedisServer::start_with(&config),
         };
-        let servers: Vec<RedisServer> = (0..6).map(|_| server()).collect();
+        let servers: Vec<RedisServer> = (0..3 * (1 + replicas)).map(|_| server()).collect();
         let mut create = Command::new("redis-cli");
         if let Some(password) = password {
             create.arg("--no-auth-warning").arg("-a").arg(password);
@@ -70,7 +130,7 @@ impl RedisCluster {
             create.arg(format!("127.0.0.1:{}", server.port()));
         }
         let created = create
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("run redis-cli (Debian package redis-tools)");
         assert!(
@@ -78,7 +138,10 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&created.stdout)
         );
-        let cluster = RedisCluster { servers };
+        let cluster = RedisCluster {
+            servers,
+            replicated: replicas > 0,
+        };
         cluster.wait_until_ok();
         cluster
     }
@@ -303,7 +366,9 @@ impl RedisCluster {
     fn wait_until_ok(&self) {
         let started = Instant::now();
         for server in &self.servers {
-            while !cluster_state_ok(server) || !every_range_has_a_replica(server) {
+            while !cluster_state_ok(server)
+                || (self.replicated && !every_range_has_a_replica(server))
+            {
                 assert!(
                     started.elapsed() < Duration::from_secs(30),
                     "the cluster did not come up on port {}",

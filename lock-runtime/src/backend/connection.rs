@@ -501,6 +501,27 @@ impl Replicas {
             Replicas::PerSlot(ranges) => ranges.iter().any(|(_, _, count)| *count > 0),
         }
     }
+
+    /// These counts, none below what `before` counted for the same slots.
+    pub(crate) fn at_least(self, before: &Replicas) -> Replicas {
+        match (self, before) {
+            (Replicas::Everywhere(now), Replicas::Everywhere(then)) => {
+                Replicas::Everywhere(now.max(*then))
+            }
+            (Replicas::PerSlot(now), Replicas::PerSlot(then)) => Replicas::PerSlot(
+                now.into_iter()
+                    .map(|(first, last, count)| {
+                        let overlapping = then
+                            .iter()
+                            .filter(|(from, to, _)| *from <= last && first <= *to);
+                        let most = overlapping.map(|(_, _, then)| *then).max();
+                        (first, last, count.max(most.unwrap_or(0)))
+                    })
+                    .collect(),
+            ),
+            (now, _) => now,
+        }
+    }
 }
 
 /// A range of slots as `CLUSTER SLOTS` lists it.
@@ -1808,6 +1829,21 @@ mod tests {
         assert!(!to.is_at(Some(&ConnectionAddr::Tcp("10.0.0.1".to_owned(), 6379))));
         assert!(switch_of(&message("billing 10.0.0.1 6379 10.0.0.2 6380"), "orders").is_none());
         assert!(switch_of(&message("orders 10.0.0.1 6379"), "orders").is_none());
+    }
+
+    #[test]
+    fn a_recount_never_lowers_what_was_counted_for_a_slot() {
+        let everywhere = Replicas::Everywhere(0).at_least(&Replicas::Everywhere(1));
+        assert_eq!(everywhere, Replicas::Everywhere(1));
+        let added = Replicas::Everywhere(1).at_least(&Replicas::Everywhere(0));
+        assert_eq!(added, Replicas::Everywhere(1));
+        let before = Replicas::PerSlot(vec![(0, 5460, 1), (5461, 10922, 0), (10923, 16383, 0)]);
+        // Slots 5000 to 5460 moved to the second shard, and the third was given a replica.
+        let now = Replicas::PerSlot(vec![(0, 4999, 0), (5000, 10922, 0), (10923, 16383, 1)]);
+        assert_eq!(
+            now.at_least(&before),
+            Replicas::PerSlot(vec![(0, 4999, 1), (5000, 10922, 1), (10923, 16383, 1)])
+        );
     }
 
     #[test]

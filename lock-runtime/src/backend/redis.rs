@@ -1,7 +1,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use redis::{Cmd, ConnectionAddr, ErrorKind, RedisError};
@@ -10,7 +10,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::connection::{Connection, LuaScript, RECONNECT_EVERY, ScriptCall, Target, bounded};
-use super::replication::{Confirmed, Replication};
+use super::replication::{Confirmed, Counted, Replication};
 use super::sentinels::Verdict;
 use super::signals::Signals;
 use super::{Attempt, CLAIM_WINDOW, Queue, Released, Renewing, Waiters, lease_ms, renewal_answers};
@@ -70,11 +70,14 @@ pub fn script_hashes() -> [(&'static str, &'static str); 5] {
 /// reconnecting on its own. Every call is one round trip (`EVALSHA`; a script is
 /// loaded again after a restart wipes it).
 pub(crate) struct RedisNode {
-    target: Target,
+    target: Arc<Target>,
     config: ClientConfig,
     connection: Connection,
-    /// Confirms grants and renewals with the replicas, where any are required.
-    replication: Option<Replication>,
+    /// Confirms grants and renewals with the replicas, once any are required: from
+    /// connect, or from when a count finds the first replica.
+    replication: Arc<OnceLock<Replication>>,
+    /// The replicas counted, where the config leaves it to them.
+    counted: Option<Arc<Counted>>,
     /// The pub/sub connection, made when a task first has to wait.
     subscriber: OnceCell<Connection>,
     signals: Arc<Signals>,
@@ -129,7 +132,11 @@ impl RedisNode {
         if telemetry::WARNS {
             warn_if_locks_may_be_evicted(&mut connection, config.command_timeout).await;
         }
-        let replication = Replication::connect(&target, &mut connection, config, apart).await?;
+        let counted = match config.replicas {
+            None => Some(Counted::at_connect(&target, &mut connection, config).await?),
+            Some(_) => None,
+        };
+        let replication = Replication::connect(&target, config, counted.clone(), apart).await?;
         // Asked side by side: on a Cluster whose primary for the probes is silent, each
         // waits out the command timeout.
         let (has_set_ifeq, compare_and_delete) = tokio::join!(
@@ -137,7 +144,8 @@ impl RedisNode {
             compare_and_delete(&connection, config.command_timeout)
         );
         let mut node = Self::with_connection(target, connection, config, signals);
-        node.replication = replication;
+        node.replication = Arc::new(replication.map_or_else(OnceLock::new, OnceLock::from));
+        node.counted = counted;
         node.has_set_ifeq = AtomicBool::new(has_set_ifeq);
         node.compare_and_delete = AtomicU8::new(compare_and_delete as u8);
         Ok(node)
@@ -163,10 +171,11 @@ impl RedisNode {
         signals: Arc<Signals>,
     ) -> Self {
         RedisNode {
-            target,
+            target: Arc::new(target),
             config: config.clone(),
             connection,
-            replication: None,
+            replication: Arc::default(),
+            counted: None,
             subscriber: OnceCell::new(),
             signals,
             has_set_ifeq: AtomicBool::new(false),
@@ -176,6 +185,30 @@ impl RedisNode {
 
     pub(crate) fn kind(&self) -> &'static str {
         self.target.kind()
+    }
+
+    /// The confirming rounds, where any replica is required. When due, first has the
+    /// replicas counted again, in the background ([`Counted`]).
+    fn replication(&self) -> Option<&Replication> {
+        if let Some(counted) = &self.counted
+            && counted.due()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let (target, config) = (self.target.clone(), self.config.clone());
+            let (counted, replication) = (counted.clone(), self.replication.clone());
+            let connection = self.connection.clone();
+            runtime.spawn(async move {
+                counted.again(&target, connection, &config).await;
+                if replication.get().is_none() && counted.any() {
+                    // The first replica: from now on grants wait for it.
+                    let made = Replication::connect(&target, &config, Some(counted), None);
+                    if let Ok(Some(made)) = made.await {
+                        let _ = replication.set(made);
+                    }
+                }
+            });
+        }
+        self.replication.get()
     }
 
     /// `token` says what kind of hold it asks for (see `scripts/holders.lua`), and
@@ -302,7 +335,7 @@ impl RedisNode {
         token: &str,
         fence: Option<u64>,
     ) -> Result<Attempt, LockError> {
-        let Some(replication) = &self.replication else {
+        let Some(replication) = self.replication() else {
             return Ok(Attempt::Granted { fence });
         };
         let confirmed = replication.confirm(name, token).await;
@@ -348,7 +381,7 @@ impl RedisNode {
     /// a release [`release_where_named`](Self::release_where_named) checks.
     /// Elsewhere `None`, as there is nothing to check.
     pub(crate) fn releases_at(&self) -> Option<Option<ConnectionAddr>> {
-        let follows = matches!(self.target, Target::Sentinel(_)) && self.replication.is_some();
+        let follows = matches!(*self.target, Target::Sentinel(_)) && self.replication().is_some();
         follows.then(|| self.connection.reached())
     }
 
@@ -366,7 +399,7 @@ impl RedisNode {
         mut reached: Option<ConnectionAddr>,
         within: Duration,
     ) {
-        let Some(replication) = &self.replication else {
+        let Some(replication) = self.replication() else {
             return;
         };
         let until = Instant::now() + within;
@@ -513,7 +546,7 @@ impl RedisNode {
                 renewed == 1
             }
         };
-        let Some(replication) = self.replication.as_ref().filter(|_| renewed) else {
+        let Some(replication) = self.replication().filter(|_| renewed) else {
             return Ok(renewed);
         };
         let confirmed = replication.confirm(name, token).await;
@@ -571,7 +604,7 @@ impl RedisNode {
     ) -> Vec<Result<bool, LockError>> {
         let mut calls_by_slot_and_lease: BTreeMap<(u16, u64), Vec<usize>> = BTreeMap::new();
         for (index, renewing) in renewals.iter().enumerate() {
-            let slot = match self.target {
+            let slot = match *self.target {
                 Target::Cluster(_) => slot(renewing.name.hash()),
                 Target::Server { .. } | Target::Sentinel(_) => 0,
             };
@@ -617,7 +650,7 @@ impl RedisNode {
             }
         }
         let mut answers = renewal_answers(answers, renewals.iter().map(|renewing| renewing.name));
-        let Some(replication) = &self.replication else {
+        let Some(replication) = self.replication() else {
             return answers;
         };
         let renewed: Vec<usize> = (0..renewals.len())

@@ -14,8 +14,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::pin;
-use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
 
 use redis::{ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
 use tokio::sync::{OnceCell, mpsc, oneshot};
@@ -98,8 +99,90 @@ pub(crate) struct Replication {
 /// How many replicas must acknowledge a grant.
 enum Required {
     Configured(usize),
-    /// One wherever the primary had replicas at connect.
-    Listed(Replicas),
+    /// One wherever the primary has replicas, as last counted.
+    Listed(Arc<Counted>),
+}
+
+/// How often the replicas are counted again, while the client is used.
+const RECOUNT_EVERY: Duration = Duration::from_secs(10);
+
+/// The replicas of each primary, counted at connect and again every `RECOUNT_EVERY`
+/// while the client is used: a primary given its first replica after the client
+/// connected (a replica added to scale out, or started after the service) has its
+/// grants wait for it from then on, before a failover can promote it. A count never
+/// drops: a replica that went may be the one promoted when it comes back, and a
+/// single server lists only the replicas connected to it.
+pub(crate) struct Counted {
+    replicas: RwLock<Replicas>,
+    since: Instant,
+    /// When to count again, in milliseconds since `since`.
+    next_ms: AtomicU64,
+}
+
+impl Counted {
+    /// Counts the replicas of `target`'s primaries on `main`.
+    pub(crate) async fn at_connect(
+        target: &Target,
+        main: &mut Connection,
+        config: &ClientConfig,
+    ) -> Result<Arc<Counted>, LockError> {
+        let counting = bounded(config.command_timeout, target.replicas(main));
+        let replicas = counting.await.map_err(|source| {
+            if source.code() != Some("NOPERM") {
+                return LockError::Backend { key: None, source };
+            }
+            LockError::InvalidOptions {
+                key: String::new(),
+                reason: format!(
+                    "the client could not ask how many replicas the primary has \
+                     (`ROLE`, or `CLUSTER SLOTS` on a Cluster): {source}; allow that \
+                     command to the user, or set `ClientConfig::replicas`"
+                ),
+            }
+        })?;
+        Ok(Arc::new(Counted {
+            replicas: RwLock::new(replicas),
+            since: Instant::now(),
+            next_ms: AtomicU64::new(RECOUNT_EVERY.as_millis() as u64),
+        }))
+    }
+
+    /// Whether to count again now: true for one caller each `RECOUNT_EVERY`.
+    pub(crate) fn due(&self) -> bool {
+        let now = self.since.elapsed().as_millis() as u64;
+        let next = self.next_ms.load(Ordering::Relaxed);
+        now >= next
+            && (self.next_ms)
+                .compare_exchange(
+                    next,
+                    now + RECOUNT_EVERY.as_millis() as u64,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// Counts again on `connection`; a count that cannot be had leaves the last.
+    pub(crate) async fn again(
+        &self,
+        target: &Target,
+        mut connection: Connection,
+        config: &ClientConfig,
+    ) {
+        let counting = bounded(config.command_timeout, target.replicas(&mut connection));
+        if let Ok(now) = counting.await {
+            let mut replicas = self.replicas.write().unwrap_or_else(|p| p.into_inner());
+            *replicas = now.at_least(&replicas);
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Replicas> {
+        self.replicas.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn any(&self) -> bool {
+        self.read().any()
+    }
 }
 
 struct Rounds {
@@ -151,14 +234,14 @@ impl Required {
     fn of(&self, lock: &str) -> usize {
         match self {
             Required::Configured(count) => *count,
-            Required::Listed(replicas) => replicas.of(lock).min(1),
+            Required::Listed(counted) => counted.read().of(lock).min(1),
         }
     }
 
     fn any(&self) -> bool {
         match self {
             Required::Configured(count) => *count > 0,
-            Required::Listed(replicas) => replicas.any(),
+            Required::Listed(counted) => counted.any(),
         }
     }
 }
@@ -187,34 +270,19 @@ impl Replication {
         config.command_timeout + config.replica_timeout
     }
 
-    /// What confirming grants takes on `target`, whose locks `main` takes: `None`
-    /// when nothing is required, which costs nothing. `apart` is the connection
-    /// `connect_apart` made early, if it did.
+    /// What confirming grants takes on `target`: `None` when nothing is required,
+    /// which costs nothing. `counted` are the replicas counted, where the config
+    /// leaves it to them; `apart` is the connection `connect_apart` made early, if
+    /// it did.
     pub(crate) async fn connect(
         target: &Target,
-        main: &mut Connection,
         config: &ClientConfig,
+        counted: Option<Arc<Counted>>,
         apart: Option<Result<Connection, LockError>>,
     ) -> Result<Option<Replication>, LockError> {
-        let unreachable = |source| LockError::Backend { key: None, source };
-        let required = match config.replicas {
-            Some(count) => Required::Configured(count),
-            None => {
-                let listing = bounded(config.command_timeout, target.replicas(main));
-                Required::Listed(listing.await.map_err(|source| {
-                    if source.code() != Some("NOPERM") {
-                        return unreachable(source);
-                    }
-                    LockError::InvalidOptions {
-                        key: String::new(),
-                        reason: format!(
-                            "the client could not ask how many replicas the primary has \
-                             (`ROLE`, or `CLUSTER SLOTS` on a Cluster): {source}; allow that \
-                             command to the user, or set `ClientConfig::replicas`"
-                        ),
-                    }
-                })?)
-            }
+        let required = match counted {
+            Some(counted) => Required::Listed(counted),
+            None => Required::Configured(config.replicas.unwrap_or(0)),
         };
         if !required.any() && !config.fsync {
             return Ok(None);
