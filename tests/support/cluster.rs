@@ -104,18 +104,17 @@ impl RedisCluster {
         tls: Option<&Arc<TestCa>>,
         replicas: usize,
     ) -> RedisCluster {
-        let config = NODE_CONFIG;
         let server = || match (password, tls) {
-            (Some(password), _) => RedisServer::start_with_password(password, &config),
+            (Some(password), _) => RedisServer::start_with_password(password, &NODE_CONFIG),
             (None, Some(ca)) => {
-                let config: Vec<&str> = config
+                let config: Vec<&str> = NODE_CONFIG
                     .iter()
                     .chain(&["--tls-cluster", "yes"])
                     .copied()
                     .collect();
                 RedisServer::start_with_tls(ca, &config)
             }
-            (None, None) => RedisServer::start_with(&config),
+            (None, None) => RedisServer::start_with(&NODE_CONFIG),
         };
         let servers: Vec<RedisServer> = (0..3 * (1 + replicas)).map(|_| server()).collect();
         let mut create = Command::new("redis-cli");
