@@ -3,7 +3,7 @@
 //! connects, goes on locking the other slots, and reloads the scripts a primary lost
 //! while one primary is silent; a lock is confirmed where its slot moved, and so are
 //! those confirmed beside it; a client that connects while a replica is down waits
-//! for it.
+//! for it; a failover from a primary gone silent is followed while it stays silent.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -313,6 +313,49 @@ async fn a_client_that_connects_while_a_replica_has_failed_waits_for_one() {
         ),
         "granted without its replica: {granted:?}"
     );
+    client.shutdown().await;
+}
+
+/// A primary whose host goes without a word (no reset: its connections stay open and
+/// silent, as when a host loses power or drops off the network) is failed over by the
+/// Cluster, and the client follows while it stays silent: locks on its slots are
+/// granted by the promoted replica, and confirmed with the shard's other replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
+    let mut cluster = RedisCluster::start();
+    let key = "invoice:silent";
+    let slot = cluster.slot_of(key);
+    let shard = cluster.shard_for(slot);
+    // So that the replica promoted has one of its own, to confirm grants with.
+    block_in_place(|| cluster.add_replica(shard.primary));
+    let config = ClientConfig::new().command_timeout(Duration::from_millis(500));
+    let client = LockClient::cluster_with(cluster.urls(), config)
+        .await
+        .unwrap();
+    let options = LockOptions::new().timeout(Duration::from_secs(1));
+    let guard = client.acquire(key, &options).await.unwrap();
+    guard.release().await.unwrap();
+
+    let silent = &cluster.servers[shard.primary];
+    silent.freeze();
+    block_in_place(|| cluster.wait_until_failed_over(shard.primary, slot, Duration::from_secs(30)));
+    let failed_over = Instant::now();
+    let granted = loop {
+        match client.acquire(key, &options).await {
+            Ok(guard) => break Ok(guard),
+            Err(_) if failed_over.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => break Err(error),
+        }
+    };
+    let following = failed_over.elapsed();
+    silent.thaw();
+    let guard = granted.unwrap_or_else(|error| {
+        panic!("no lock granted 10 s after the failover, the old primary silent: {error}")
+    });
+    eprintln!("granted {following:?} after the failover");
+    guard.release().await.unwrap();
     client.shutdown().await;
 }
 

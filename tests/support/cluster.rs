@@ -229,30 +229,47 @@ impl RedisCluster {
     /// live node serves with it as the slot's owner. Returns the shard as it is
     /// now: the old primary, dead, as its replica.
     pub fn promote_replica(&self, shard: Shard, slot: u16, at_most: Duration) -> Shard {
-        let replica = &self.servers[shard.replica];
-        replica.thaw();
+        self.servers[shard.replica].thaw();
+        let promoted = self.wait_until_failed_over(shard.primary, slot, at_most);
+        assert_eq!(
+            promoted, shard.replica,
+            "another node took slot {slot} over"
+        );
+        Shard {
+            primary: shard.replica,
+            replica: shard.primary,
+        }
+    }
+
+    /// Waits until a replica of `servers[old]`, which serves `slot`, has taken it
+    /// over, and every node but the old primary (dead or silent) serves with it as
+    /// the slot's owner. Returns the new primary's place in `servers`.
+    pub fn wait_until_failed_over(&self, old: usize, slot: u16, at_most: Duration) -> usize {
         let started = Instant::now();
         let live = || {
             self.servers
                 .iter()
                 .enumerate()
-                .filter(move |(place, _)| *place != shard.primary)
+                .filter(move |(place, _)| *place != old)
                 .map(|(_, server)| server)
         };
         loop {
-            let promoted = replica.role() == "master"
-                && live().all(|server| {
-                    slot_owner(server, slot) == Some(replica.port()) && cluster_state_ok(server)
-                });
-            if promoted {
-                return Shard {
-                    primary: shard.replica,
-                    replica: shard.primary,
-                };
+            let owner = slot_owner(live().next().expect("a live node"), slot);
+            let promoted = self
+                .servers
+                .iter()
+                .position(|server| Some(server.port()) == owner)
+                .filter(|place| *place != old);
+            if let Some(promoted) = promoted
+                && self.servers[promoted].role() == "master"
+                && live()
+                    .all(|server| slot_owner(server, slot) == owner && cluster_state_ok(server))
+            {
+                return promoted;
             }
             assert!(
                 started.elapsed() < at_most,
-                "the replica did not take over slot {slot} within {at_most:?}"
+                "no replica took over slot {slot} within {at_most:?}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -61,12 +61,104 @@ pub(crate) enum Connection {
         manager: ConnectionManager,
         limit: Duration,
     },
-    /// Each request is `bounded` by `limit`: the response timeout redis-rs gives it
-    /// bounds one try, not the retries.
-    Cluster {
-        cluster: ClusterConnection,
-        limit: Duration,
-    },
+    Cluster(ClusterLink),
+}
+
+/// A Cluster connection. Each request is `bounded` by `limit`: the response timeout
+/// redis-rs gives it bounds one try, not the retries.
+#[derive(Clone)]
+pub(crate) struct ClusterLink {
+    cluster: ClusterConnection,
+    limit: Duration,
+    /// Set while the slot map is read again after a request went unanswered.
+    reading_slots: Arc<AtomicBool>,
+}
+
+impl ClusterLink {
+    fn new(cluster: ClusterConnection, config: &ClientConfig) -> ClusterLink {
+        ClusterLink {
+            cluster,
+            limit: config.command_timeout,
+            reading_slots: Arc::default(),
+        }
+    }
+
+    /// What `send` sends, given up on after the limit. A request given up on has the
+    /// slot map read again, in the background ([`read_slot_map_again`]): the node it
+    /// went to may have gone silent, and the Cluster failed over from it.
+    async fn request<T>(
+        &self,
+        send: impl AsyncFnOnce(&mut ClusterConnection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let mut cluster = self.cluster.clone();
+        let answer = bounded(self.limit, send(&mut cluster)).await;
+        if answer.as_ref().is_err_and(RedisError::is_timeout)
+            && !self.reading_slots.swap(true, Ordering::AcqRel)
+            && let Ok(runtime) = Handle::try_current()
+        {
+            let (limit, reading_slots) = (self.limit, self.reading_slots.clone());
+            runtime.spawn(async move {
+                let _ = read_slot_map_again(cluster, limit).await;
+                reading_slots.store(false, Ordering::Release);
+            });
+        }
+        answer
+    }
+}
+
+/// Has redis-rs read the slot map again. By itself it does so only on a `MOVED` or a
+/// dropped connection, and a primary whose host went without a word keeps its
+/// connections open and silent: once the Cluster failed over from it, its slots stay
+/// in the map, and every request for them goes unanswered until it answers again.
+/// So a read of a key goes to a primary that, by the slots the nodes list now, does
+/// not serve it: its `MOVED` has the map read again. The key is named like the
+/// locks' (the README's ACL line allows `TYPE` on them), and like none of them.
+async fn read_slot_map_again(mut cluster: ClusterConnection, limit: Duration) -> RedisResult<()> {
+    const PROBE: &str = "lock:slot-map";
+    let mut listing = redis::cmd("CLUSTER");
+    listing.arg("SLOTS");
+    let ranges = slot_ranges(first_answer(&mut cluster, limit, listing).await?)?;
+    let probed = slot(PROBE);
+    let owner = ranges
+        .iter()
+        .find(|range| (range.first..=range.last).contains(&probed))
+        .map(|range| &range.primary);
+    let elsewhere = ranges
+        .iter()
+        .map(|range| &range.primary)
+        .find(|primary| Some(*primary) != owner);
+    let Some((host, port)) = elsewhere.and_then(|primary| primary.rsplit_once(':')) else {
+        return Ok(());
+    };
+    let to = SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port: port
+            .parse()
+            .map_err(|_| RedisError::from((ErrorKind::Parse, "a port")))?,
+    };
+    let mut read = redis::cmd("TYPE");
+    read.arg(PROBE);
+    bounded(
+        limit,
+        cluster.route_command(read, RoutingInfo::SingleNode(to)),
+    )
+    .await
+    .map(drop)
+}
+
+/// The first answer to `question`, asked of every node of a Cluster: one chosen at
+/// random may be silent.
+async fn first_answer(
+    cluster: &mut ClusterConnection,
+    limit: Duration,
+    question: redis::Cmd,
+) -> RedisResult<Value> {
+    let first_to_answer = RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllNodes,
+        Some(ResponsePolicy::OneSucceeded),
+    ));
+    let answer = bounded(limit, cluster.route_command(question, first_to_answer)).await?;
+    answer.extract_error()
 }
 
 impl Target {
@@ -148,10 +240,8 @@ impl Target {
             Target::Sentinel(named) => Source::Sentinel(named.clone()),
             Target::Cluster(urls) => {
                 let client = cluster_builder(urls, config).build()?;
-                return Ok(Connection::Cluster {
-                    cluster: client.get_async_connection().await?,
-                    limit: config.command_timeout,
-                });
+                let cluster = client.get_async_connection().await?;
+                return Ok(Connection::Cluster(ClusterLink::new(cluster, config)));
             }
         };
         let own = Reconnecting::commands(source, config);
@@ -164,7 +254,7 @@ impl Target {
     /// primary (failing ones included), or those connected to one server.
     pub(crate) async fn replicas(&self, connection: &mut Connection) -> RedisResult<Replicas> {
         match (self, connection) {
-            (Target::Cluster(_), connection @ Connection::Cluster { .. }) => {
+            (Target::Cluster(_), connection @ Connection::Cluster(_)) => {
                 match connection.shard_replicas().await {
                     Err(refused) if refused.code() == Some("NOPERM") => {
                         telemetry::failed_replicas_uncounted();
@@ -251,10 +341,8 @@ impl Target {
             Target::Cluster(urls) => {
                 let builder = cluster_builder(urls, config).use_protocol(ProtocolVersion::RESP3);
                 let client = builder.push_sender(pushes).build()?;
-                Ok(Connection::Cluster {
-                    cluster: client.get_async_connection().await?,
-                    limit: config.command_timeout,
-                })
+                let cluster = client.get_async_connection().await?;
+                Ok(Connection::Cluster(ClusterLink::new(cluster, config)))
             }
             Target::Sentinel(named) => {
                 let named = named.speaking(ProtocolVersion::RESP3);
@@ -665,21 +753,15 @@ impl Connection {
         slot_ranges(self.asked_of_every_node(slots).await?)
     }
 
-    /// The first answer to `question`, asked of every node of a Cluster: one chosen
-    /// at random may be silent.
+    /// The first answer to `question`, asked of every node of a Cluster.
     async fn asked_of_every_node(&mut self, question: redis::Cmd) -> RedisResult<Value> {
-        let Connection::Cluster { cluster, limit } = self else {
+        let Connection::Cluster(link) = self else {
             return Err(RedisError::from((
                 ErrorKind::InvalidClientConfig,
                 "a Cluster question asked of a connection that is not to a Cluster",
             )));
         };
-        let first_to_answer = RoutingInfo::MultiNode((
-            MultipleNodeRoutingInfo::AllNodes,
-            Some(ResponsePolicy::OneSucceeded),
-        ));
-        let answer = bounded(*limit, cluster.route_command(question, first_to_answer)).await?;
-        answer.extract_error()
+        first_answer(&mut link.cluster, link.limit, question).await
     }
 
     /// Sends `pipeline` whole, over one connection, to the primary that serves `key`.
@@ -692,19 +774,19 @@ impl Connection {
         pipeline: Pipeline,
     ) -> RedisResult<Vec<Value>> {
         let count = pipeline.len();
-        let Connection::Cluster { cluster, limit } = self else {
+        let Connection::Cluster(link) = self else {
             return self.req_packed_commands(&pipeline, 0, count).await;
         };
         let primary = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
-        let answers = cluster.route_pipeline(pipeline, 0, count, primary);
-        bounded(*limit, answers).await
+        link.request(async move |cluster| cluster.route_pipeline(pipeline, 0, count, primary).await)
+            .await
     }
 
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             Connection::Own(own) => own.current().await?.link.subscribe(channel).await,
             Connection::Manager { manager, .. } => manager.subscribe(channel).await,
-            Connection::Cluster { cluster, .. } => cluster.ssubscribe(channel).await,
+            Connection::Cluster(link) => link.cluster.ssubscribe(channel).await,
         }
     }
 
@@ -712,7 +794,7 @@ impl Connection {
         match self {
             Connection::Own(own) => own.current().await?.link.unsubscribe(channel).await,
             Connection::Manager { manager, .. } => manager.unsubscribe(channel).await,
-            Connection::Cluster { cluster, .. } => cluster.sunsubscribe(channel).await,
+            Connection::Cluster(link) => link.cluster.sunsubscribe(channel).await,
         }
     }
 }
@@ -724,8 +806,8 @@ impl ConnectionLike for Connection {
             Connection::Manager { manager, limit } => {
                 Box::pin(bounded(*limit, manager.req_packed_command(cmd)))
             }
-            Connection::Cluster { cluster, limit } => {
-                Box::pin(bounded(*limit, cluster.req_packed_command(cmd)))
+            Connection::Cluster(link) => {
+                Box::pin(link.request(async |cluster| cluster.req_packed_command(cmd).await))
             }
         }
     }
@@ -742,10 +824,9 @@ impl ConnectionLike for Connection {
                 *limit,
                 manager.req_packed_commands(pipeline, offset, count),
             )),
-            Connection::Cluster { cluster, limit } => Box::pin(bounded(
-                *limit,
-                cluster.req_packed_commands(pipeline, offset, count),
-            )),
+            Connection::Cluster(link) => Box::pin(link.request(async move |cluster| {
+                cluster.req_packed_commands(pipeline, offset, count).await
+            })),
         }
     }
 
@@ -753,7 +834,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Own(own) => own.get_db(),
             Connection::Manager { manager, .. } => manager.get_db(),
-            Connection::Cluster { cluster, .. } => cluster.get_db(),
+            Connection::Cluster(link) => link.cluster.get_db(),
         }
     }
 }
