@@ -15,7 +15,7 @@
 //!   there is one, so that it comes back to a section others have taken since;
 //! - a worker is killed and another started;
 //! - on one Redis, Cluster and Redlock: Redis is frozen past the lease (the server;
-//!   the primary serving the keys' slot; a minority, 2 of 5, of the masters);
+//!   the primary serving every key's lock; a minority, 2 of 5, of the masters);
 //! - on Sentinel: the replica is cut off for a while and comes back;
 //! - on Sentinel and Cluster: the keys' primary fails over: its replica is cut off,
 //!   so that grants made from then on exist on the primary alone, the primary is
@@ -31,8 +31,10 @@
 //! replica sync off, to watch the Sentinel and Cluster runs fail.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -41,19 +43,21 @@ use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
 use tokio::task::block_in_place;
 use tokio::time::Instant;
 
-/// In one hash slot, so that freezing one Cluster primary freezes all of them.
-const FAST_KEYS: [&str; 2] = ["{chaos}:a", "{chaos}:b"];
+/// Every key's lock is served by one Cluster primary, the one the faults hit (see
+/// `Servers::keys`). A lock's slot is its whole key's (the client escapes braces),
+/// so these names were picked for theirs.
+const FAST_KEYS: [&str; 2] = ["quake:a", "quake:b"];
 /// Held for `SLOW_HOLD` in each section: past the 300 ms lease, so only the
 /// watchdog keeps it, and a fault that stops renewals loses it.
-const SLOW_KEY: &str = "{chaos}:slow";
+const SLOW_KEY: &str = "quake:slow";
 const SLOW_HOLD: Duration = Duration::from_millis(400);
 /// A semaphore of `PERMITS`, held for `SLOW_HOLD` like the slow key.
-const PERMITS_KEY: &str = "{chaos}:permits";
+const PERMITS_KEY: &str = "quake:permits";
 const PERMITS: usize = 2;
 /// Taken shared, and exclusive every fourth section, for `READ_WRITE_HOLD` each: long
 /// enough that a paused worker is often inside, and that its sections, readers
 /// sharing it, do not outnumber the fast keys' and so end the faults early.
-const READ_WRITE_KEY: &str = "{chaos}:rw";
+const READ_WRITE_KEY: &str = "quake:rw";
 const READ_WRITE_HOLD: Duration = Duration::from_millis(100);
 const WORKERS: usize = 4;
 const TASKS_PER_KEY: usize = 2;
@@ -433,11 +437,21 @@ impl Servers {
     }
 
     /// The keys the workers take: the fenced ones, the read-write lock, and the
-    /// semaphore but on Redlock.
+    /// semaphore but on Redlock. On a Cluster, all served by the primary the faults
+    /// hit.
     fn keys(&self) -> Vec<&'static str> {
         let mut keys: Vec<&'static str> = fenced_keys().chain([READ_WRITE_KEY]).collect();
         if !matches!(self, Servers::Redlock(_)) {
             keys.push(PERMITS_KEY);
+        }
+        if let Servers::Cluster(cluster) = self {
+            let faulted = cluster.shard_for(cluster.slot_of(SLOW_KEY));
+            for key in &keys {
+                assert!(
+                    !key.contains('{') && cluster.shard_for(cluster.slot_of(key)) == faulted,
+                    "`{key}`'s lock is not on the primary the faults hit: name it anew"
+                );
+            }
         }
         keys
     }
@@ -540,12 +554,70 @@ async fn redlock_keeps_sections_apart_and_tokens_growing_under_faults() {
     run(Servers::Redlock(masters), 2_000).await;
 }
 
+/// A step of the wall clock against the monotonic one, as a VM restored from a
+/// snapshot or a clock set by hand makes one: the workers time their sections by the
+/// wall clock, and Redis ends its leases by it, so a step may show sections apart as
+/// overlapping, or end a lease early.
+struct ClockStep {
+    at: SystemTime,
+    by: Duration,
+    forward: bool,
+}
+
+impl fmt::Display for ClockStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.forward { '+' } else { '-' };
+        write!(f, "{sign}{:.3} ms", self.by.as_secs_f64() * 1e3)
+    }
+}
+
+/// Watches the wall clock for steps of over 1 ms until `stop` is set. A sample whose
+/// two monotonic reads lie far apart (the thread was preempted between them) is
+/// skipped: it would show a step that is not there.
+fn watch_the_clock(stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<ClockStep>> {
+    std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        let epoch = SystemTime::now();
+        // The wall clock's lead over the monotonic one, since `start`, in ns.
+        let lead = |wall: SystemTime, monotonic: std::time::Instant| {
+            let wall = match wall.duration_since(epoch) {
+                Ok(after) => after.as_nanos() as i128,
+                Err(before) => -(before.duration().as_nanos() as i128),
+            };
+            wall - monotonic.duration_since(start).as_nanos() as i128
+        };
+        let (mut steps, mut last) = (Vec::new(), 0);
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(2));
+            let before = std::time::Instant::now();
+            let wall = SystemTime::now();
+            let after = std::time::Instant::now();
+            if after - before > Duration::from_micros(100) {
+                continue;
+            }
+            let now = lead(wall, before);
+            let step = now - last;
+            if step.unsigned_abs() > 1_000_000 {
+                steps.push(ClockStep {
+                    at: wall,
+                    by: Duration::from_nanos(step.unsigned_abs() as u64),
+                    forward: step > 0,
+                });
+            }
+            last = now;
+        }
+        steps
+    })
+}
+
 async fn run(mut servers: Servers, default_target: usize) {
     let target: usize = std::env::var("LOCK_CHAOS_SECTIONS")
         .ok()
         .and_then(|sections| sections.parse().ok())
         .unwrap_or(default_target);
     let started = SystemTime::now();
+    let stop_watching = Arc::new(AtomicBool::new(false));
+    let watcher = watch_the_clock(stop_watching.clone());
     let topology = servers.worker_args();
     let reports = Arc::new(Reports {
         keys: servers.keys(),
@@ -619,6 +691,8 @@ async fn run(mut servers: Servers, default_target: usize) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(workers);
+    stop_watching.store(true, Ordering::Relaxed);
+    let steps = watcher.join().expect("the clock's watcher");
 
     let sections = reports.sections.lock().unwrap().clone();
     let failures = reports.failures.lock().unwrap().clone();
@@ -641,7 +715,7 @@ async fn run(mut servers: Servers, default_target: usize) {
     if let Err(violation) = history.check() {
         panic!(
             "{violation}\n{}",
-            before(&violation, &sections, &injected, &warnings)
+            before(&violation, &sections, &injected, &warnings, &steps)
         );
     }
     check_token_order(&sections);
@@ -660,6 +734,10 @@ async fn run(mut servers: Servers, default_target: usize) {
         )
     );
     eprintln!("  {family}");
+    if !steps.is_empty() {
+        let steps: Vec<String> = steps.iter().map(ClockStep::to_string).collect();
+        eprintln!("  the wall clock stepped: {}", steps.join(", "));
+    }
     assert!(sections.len() >= target);
     assert!(
         lost > 0,
@@ -675,6 +753,7 @@ fn before(
     sections: &[Section],
     injected: &[Injected],
     warnings: &[Warning],
+    steps: &[ClockStep],
 ) -> String {
     let (Violation::Overlap { first, second }
     | Violation::TokenOrder {
@@ -717,6 +796,10 @@ fn before(
             at(section.until),
             if section.held { "" } else { ", lost" }
         ));
+    }
+    // All of them: rare, and each one may explain the violation.
+    for step in steps {
+        lines.push(format!("  the wall clock stepped {step} {}", at(step.at)));
     }
     for warning in warnings
         .iter()
