@@ -21,6 +21,8 @@
 //!   so that grants made from then on exist on the primary alone, the primary is
 //!   killed, the replica is promoted (by the Sentinels; by the Cluster's other
 //!   primaries), and the old primary comes back as a replica;
+//! - on Cluster: the keys' primary is frozen until its replica takes over, and
+//!   comes back, its data kept, as the new primary's replica;
 //! - on Sentinel and Cluster: a planned failover (`SENTINEL FAILOVER`, `CLUSTER
 //!   FAILOVER`), the old primary alive throughout, until it is the new one's
 //!   replica. After each failover the test waits until every key is held again.
@@ -388,13 +390,17 @@ enum Fault {
     FreezeRedis,
     CutOffReplica,
     FailOver,
+    FailOverFromSilent,
     SwitchOver,
 }
 
 impl Fault {
     /// Whether it moves the keys' primary: a failover, planned or not.
     fn moves_the_primary(self) -> bool {
-        matches!(self, Fault::FailOver | Fault::SwitchOver)
+        matches!(
+            self,
+            Fault::FailOver | Fault::FailOverFromSilent | Fault::SwitchOver
+        )
     }
 }
 
@@ -476,6 +482,7 @@ impl Servers {
                     RestartWorker,
                     FreezeRedis,
                     FailOver,
+                    FailOverFromSilent,
                     SwitchOver,
                 ],
                 2,
@@ -511,6 +518,10 @@ impl Servers {
                 cluster.kill_primary(shard);
                 let shard = cluster.promote_replica(shard, slot, Duration::from_secs(30));
                 cluster.restore_old_primary(shard);
+            }
+            (Fault::FailOverFromSilent, Servers::Cluster(cluster)) => {
+                let slot = cluster.slot_of(SLOW_KEY);
+                cluster.fail_over_from_silent(cluster.shard_for(slot), slot);
             }
             (Fault::SwitchOver, Servers::Sentinel(group)) => group.switch_over(),
             (Fault::SwitchOver, Servers::Cluster(cluster)) => {

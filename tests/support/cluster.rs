@@ -284,6 +284,23 @@ impl RedisCluster {
         self.wait_until_replica_in_sync(shard);
     }
 
+    /// A failover from a silent primary, as when its host stalls or drops off the
+    /// network: `shard`'s primary is frozen until its replica has taken `slot` over,
+    /// then thawed, and the test waits until it is the new primary's replica, in
+    /// sync. Returns the shard as it is now.
+    pub fn fail_over_from_silent(&self, shard: Shard, slot: u16) -> Shard {
+        let old = &self.servers[shard.primary];
+        old.freeze();
+        self.wait_until_failed_over(shard.primary, slot, Duration::from_secs(30));
+        old.thaw();
+        let shard = Shard {
+            primary: shard.replica,
+            replica: shard.primary,
+        };
+        self.wait_until_replica_in_sync(shard);
+        shard
+    }
+
     /// A planned failover of `shard`, as an operator makes one before maintenance:
     /// `CLUSTER FAILOVER` on the replica, which has the primary pause its writers
     /// until the replica has all it wrote, and then takes `slot` over; the old
