@@ -328,7 +328,9 @@ async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
     let shard = cluster.shard_for(slot);
     // So that the replica promoted has one of its own, to confirm grants with.
     block_in_place(|| cluster.add_replica(shard.primary));
-    let config = ClientConfig::new().command_timeout(Duration::from_millis(500));
+    let config = ClientConfig::new()
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(1));
     let client = LockClient::cluster_with(cluster.urls(), config)
         .await
         .unwrap();
@@ -343,7 +345,7 @@ async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
     let granted = loop {
         match client.acquire(key, &options).await {
             Ok(guard) => break Ok(guard),
-            Err(_) if failed_over.elapsed() < Duration::from_secs(10) => {
+            Err(_) if failed_over.elapsed() < Duration::from_secs(15) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(error) => break Err(error),
@@ -352,7 +354,7 @@ async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
     let following = failed_over.elapsed();
     silent.thaw();
     let guard = granted.unwrap_or_else(|error| {
-        panic!("no lock granted 10 s after the failover, the old primary silent: {error}")
+        panic!("no lock granted 15 s after the failover, the old primary silent: {error}")
     });
     eprintln!("granted {following:?} after the failover");
     guard.release().await.unwrap();

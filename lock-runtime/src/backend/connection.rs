@@ -67,83 +67,106 @@ pub(crate) enum Connection {
 /// A Cluster connection. Each request is `bounded` by `limit`: the response timeout
 /// redis-rs gives it bounds one try, not the retries.
 #[derive(Clone)]
-pub(crate) struct ClusterLink {
-    cluster: ClusterConnection,
+pub(crate) struct ClusterLink(Arc<ClusterLinkState>);
+
+struct ClusterLinkState {
+    client: ClusterClient,
+    /// Replaced by a connection made anew when the slots' primaries change under it.
+    current: RwLock<ClusterConnection>,
     limit: Duration,
-    /// Set while the slot map is read again after a request went unanswered.
-    reading_slots: Arc<AtomicBool>,
+    connecting: Duration,
+    /// The slots' primaries as the nodes last listed them to this connection.
+    primaries: Mutex<Option<Vec<(u16, u16, String)>>>,
+    /// Set while the nodes are asked whether the primaries changed.
+    asking: AtomicBool,
 }
 
 impl ClusterLink {
-    fn new(cluster: ClusterConnection, config: &ClientConfig) -> ClusterLink {
-        ClusterLink {
-            cluster,
-            limit: config.command_timeout,
-            reading_slots: Arc::default(),
-        }
+    /// A connection made by `client`, with the slots' primaries as listed now.
+    async fn made(client: ClusterClient, config: &ClientConfig) -> RedisResult<ClusterLink> {
+        let mut current = client.get_async_connection().await?;
+        let limit = config.command_timeout;
+        let primaries = listed_primaries(&mut current, limit).await.ok();
+        Ok(ClusterLink(Arc::new(ClusterLinkState {
+            client,
+            current: RwLock::new(current),
+            limit,
+            connecting: config.connecting_bound(),
+            primaries: Mutex::new(primaries),
+            asking: AtomicBool::new(false),
+        })))
+    }
+
+    fn current(&self) -> ClusterConnection {
+        self.0
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// What `send` sends, given up on after the limit. A request given up on has the
-    /// slot map read again, in the background ([`read_slot_map_again`]): the node it
-    /// went to may have gone silent, and the Cluster failed over from it.
+    /// nodes asked, in the background, whether the slots' primaries changed
+    /// ([`ClusterLink::follow_failovers`]): the one it went to may have gone silent,
+    /// and the Cluster failed over from it.
     async fn request<T>(
         &self,
         send: impl AsyncFnOnce(&mut ClusterConnection) -> RedisResult<T>,
     ) -> RedisResult<T> {
-        let mut cluster = self.cluster.clone();
-        let answer = bounded(self.limit, send(&mut cluster)).await;
+        let answer = bounded(self.0.limit, send(&mut self.current())).await;
         if answer.as_ref().is_err_and(RedisError::is_timeout)
-            && !self.reading_slots.swap(true, Ordering::AcqRel)
+            && !self.0.asking.swap(true, Ordering::AcqRel)
             && let Ok(runtime) = Handle::try_current()
         {
-            let (limit, reading_slots) = (self.limit, self.reading_slots.clone());
+            let link = self.clone();
             runtime.spawn(async move {
-                let _ = read_slot_map_again(cluster, limit).await;
-                reading_slots.store(false, Ordering::Release);
+                let _ = link.follow_failovers().await;
+                link.0.asking.store(false, Ordering::Release);
             });
         }
         answer
     }
+
+    /// When the nodes list other primaries than they last did, makes the connection
+    /// anew, and has requests go over it from then on. redis-rs reads its slot map
+    /// again by itself only on a `MOVED` or a dropped connection, and a primary whose
+    /// host went without a word keeps its connections open and silent: once the
+    /// Cluster failed over from it, its slots stayed in the map, and every request for
+    /// them went unanswered until it answered again. Reading the map again in place
+    /// would hold every request meanwhile, while redis-rs may wait on the silent node
+    /// first; a new connection is made beside it. A subscriber's link never asks: it
+    /// sends nothing through `request`, and a new connection would not carry its
+    /// subscriptions.
+    async fn follow_failovers(&self) -> RedisResult<()> {
+        let now = listed_primaries(&mut self.current(), self.0.limit).await?;
+        let before = (self.0.primaries.lock())
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(now.clone());
+        if before.is_none_or(|before| before == now) {
+            return Ok(());
+        }
+        let made = bounded(self.0.connecting, self.0.client.get_async_connection()).await?;
+        *self.0.current.write().unwrap_or_else(|p| p.into_inner()) = made;
+        Ok(())
+    }
 }
 
-/// Has redis-rs read the slot map again. By itself it does so only on a `MOVED` or a
-/// dropped connection, and a primary whose host went without a word keeps its
-/// connections open and silent: once the Cluster failed over from it, its slots stay
-/// in the map, and every request for them goes unanswered until it answers again.
-/// So a read of a key goes to a primary that, by the slots the nodes list now, does
-/// not serve it: its `MOVED` has the map read again. The key is named like the
-/// locks' (the README's ACL line allows `TYPE` on them), and like none of them.
-async fn read_slot_map_again(mut cluster: ClusterConnection, limit: Duration) -> RedisResult<()> {
-    const PROBE: &str = "lock:slot-map";
+/// Each range of slots with its primary, in slot order, as the first node to answer
+/// lists them.
+async fn listed_primaries(
+    cluster: &mut ClusterConnection,
+    limit: Duration,
+) -> RedisResult<Vec<(u16, u16, String)>> {
     let mut listing = redis::cmd("CLUSTER");
     listing.arg("SLOTS");
-    let ranges = slot_ranges(first_answer(&mut cluster, limit, listing).await?)?;
-    let probed = slot(PROBE);
-    let owner = ranges
-        .iter()
-        .find(|range| (range.first..=range.last).contains(&probed))
-        .map(|range| &range.primary);
-    let elsewhere = ranges
-        .iter()
-        .map(|range| &range.primary)
-        .find(|primary| Some(*primary) != owner);
-    let Some((host, port)) = elsewhere.and_then(|primary| primary.rsplit_once(':')) else {
-        return Ok(());
-    };
-    let to = SingleNodeRoutingInfo::ByAddress {
-        host: host.to_owned(),
-        port: port
-            .parse()
-            .map_err(|_| RedisError::from((ErrorKind::Parse, "a port")))?,
-    };
-    let mut read = redis::cmd("TYPE");
-    read.arg(PROBE);
-    bounded(
-        limit,
-        cluster.route_command(read, RoutingInfo::SingleNode(to)),
-    )
-    .await
-    .map(drop)
+    let ranges = slot_ranges(first_answer(cluster, limit, listing).await?)?;
+    let ranges = ranges
+        .into_iter()
+        .map(|range| (range.first, range.last, range.primary));
+    // Each node lists the ranges in an order of its own.
+    let mut primaries: Vec<_> = ranges.collect();
+    primaries.sort();
+    Ok(primaries)
 }
 
 /// The first answer to `question`, asked of every node of a Cluster: one chosen at
@@ -240,8 +263,9 @@ impl Target {
             Target::Sentinel(named) => Source::Sentinel(named.clone()),
             Target::Cluster(urls) => {
                 let client = cluster_builder(urls, config).build()?;
-                let cluster = client.get_async_connection().await?;
-                return Ok(Connection::Cluster(ClusterLink::new(cluster, config)));
+                return Ok(Connection::Cluster(
+                    ClusterLink::made(client, config).await?,
+                ));
             }
         };
         let own = Reconnecting::commands(source, config);
@@ -341,8 +365,9 @@ impl Target {
             Target::Cluster(urls) => {
                 let builder = cluster_builder(urls, config).use_protocol(ProtocolVersion::RESP3);
                 let client = builder.push_sender(pushes).build()?;
-                let cluster = client.get_async_connection().await?;
-                Ok(Connection::Cluster(ClusterLink::new(cluster, config)))
+                Ok(Connection::Cluster(
+                    ClusterLink::made(client, config).await?,
+                ))
             }
             Target::Sentinel(named) => {
                 let named = named.speaking(ProtocolVersion::RESP3);
@@ -761,7 +786,7 @@ impl Connection {
                 "a Cluster question asked of a connection that is not to a Cluster",
             )));
         };
-        first_answer(&mut link.cluster, link.limit, question).await
+        first_answer(&mut link.current(), link.0.limit, question).await
     }
 
     /// Sends `pipeline` whole, over one connection, to the primary that serves `key`.
@@ -786,7 +811,7 @@ impl Connection {
         match self {
             Connection::Own(own) => own.current().await?.link.subscribe(channel).await,
             Connection::Manager { manager, .. } => manager.subscribe(channel).await,
-            Connection::Cluster(link) => link.cluster.ssubscribe(channel).await,
+            Connection::Cluster(link) => link.current().ssubscribe(channel).await,
         }
     }
 
@@ -794,7 +819,7 @@ impl Connection {
         match self {
             Connection::Own(own) => own.current().await?.link.unsubscribe(channel).await,
             Connection::Manager { manager, .. } => manager.unsubscribe(channel).await,
-            Connection::Cluster(link) => link.cluster.sunsubscribe(channel).await,
+            Connection::Cluster(link) => link.current().sunsubscribe(channel).await,
         }
     }
 }
@@ -834,7 +859,7 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Own(own) => own.get_db(),
             Connection::Manager { manager, .. } => manager.get_db(),
-            Connection::Cluster(link) => link.cluster.get_db(),
+            Connection::Cluster(link) => link.current().get_db(),
         }
     }
 }
