@@ -304,7 +304,7 @@ fn parse(worker: usize, line: &str) -> Section {
 /// Per key: no token twice, and every section's token is above the tokens of all
 /// sections that ended before it asked for the lock, whether they kept their
 /// lease or not.
-fn check_token_order(sections: &[Section]) {
+fn check_token_order(sections: &[Section], steps: &[ClockStep]) {
     for key in fenced_keys() {
         let mut by_end: Vec<&Section> = sections.iter().filter(|s| s.key == key).collect();
         by_end.sort_by_key(|section| section.until);
@@ -317,8 +317,11 @@ fn check_token_order(sections: &[Section]) {
             .find(|pair| pair[0].token == pair[1].token)
         {
             panic!(
-                "`{key}`: token {} was issued twice: to {:?} and to {:?}",
-                twice[0].token, twice[0], twice[1]
+                "`{key}`: token {} was issued twice: to {:?} and to {:?}{}",
+                twice[0].token,
+                twice[0],
+                twice[1],
+                stepped(steps)
             );
         }
         let (mut ended, mut highest): (usize, Option<&Section>) = (0, None);
@@ -334,7 +337,8 @@ fn check_token_order(sections: &[Section]) {
             {
                 panic!(
                     "`{key}`: {section:?} asked after {earlier:?} had ended, yet has a token \
-                     no larger"
+                     no larger{}",
+                    stepped(steps)
                 );
             }
         }
@@ -582,6 +586,15 @@ impl fmt::Display for ClockStep {
     }
 }
 
+/// The steps of the wall clock, on a line of their own, if there were any.
+fn stepped(steps: &[ClockStep]) -> String {
+    if steps.is_empty() {
+        return String::new();
+    }
+    let steps: Vec<String> = steps.iter().map(ClockStep::to_string).collect();
+    format!("\n  the wall clock stepped: {}", steps.join(", "))
+}
+
 /// Watches the wall clock for steps of over 1 ms until `stop` is set. A sample whose
 /// two monotonic reads lie far apart (the thread was preempted between them) is
 /// skipped: it would show a step that is not there.
@@ -729,7 +742,7 @@ async fn run(mut servers: Servers, default_target: usize) {
             before(&violation, &sections, &injected, &warnings, &steps)
         );
     }
-    check_token_order(&sections);
+    check_token_order(&sections, &steps);
     let family = check_family(&reports.keys, &sections);
     let lost = sections.iter().filter(|section| !section.held).count();
     eprintln!(
@@ -744,11 +757,7 @@ async fn run(mut servers: Servers, default_target: usize) {
             started.elapsed().unwrap_or_default()
         )
     );
-    eprintln!("  {family}");
-    if !steps.is_empty() {
-        let steps: Vec<String> = steps.iter().map(ClockStep::to_string).collect();
-        eprintln!("  the wall clock stepped: {}", steps.join(", "));
-    }
+    eprintln!("  {family}{}", stepped(&steps));
     assert!(sections.len() >= target);
     assert!(
         lost > 0,

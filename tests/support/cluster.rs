@@ -291,10 +291,10 @@ impl RedisCluster {
     pub fn fail_over_from_silent(&self, shard: Shard, slot: u16) -> Shard {
         let old = &self.servers[shard.primary];
         old.freeze();
-        self.wait_until_failed_over(shard.primary, slot, Duration::from_secs(30));
+        let promoted = self.wait_until_failed_over(shard.primary, slot, Duration::from_secs(30));
         old.thaw();
         let shard = Shard {
-            primary: shard.replica,
+            primary: promoted,
             replica: shard.primary,
         };
         self.wait_until_replica_in_sync(shard);

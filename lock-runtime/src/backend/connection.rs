@@ -74,7 +74,8 @@ struct ClusterLinkState {
     /// Replaced by a connection made anew when the slots' primaries change under it.
     current: RwLock<ClusterConnection>,
     limit: Duration,
-    connecting: Duration,
+    /// How long making a connection anew may take.
+    connecting_bound: Duration,
     /// The slots' primaries as the nodes last listed them to this connection.
     primaries: Mutex<Option<Vec<(u16, u16, String)>>>,
     /// Set while the nodes are asked whether the primaries changed.
@@ -91,7 +92,7 @@ impl ClusterLink {
             client,
             current: RwLock::new(current),
             limit,
-            connecting: config.connecting_bound(),
+            connecting_bound: config.connecting_bound(),
             primaries: Mutex::new(primaries),
             asking: AtomicBool::new(false),
         })))
@@ -145,7 +146,8 @@ impl ClusterLink {
         if before.is_none_or(|before| before == now) {
             return Ok(());
         }
-        let made = bounded(self.0.connecting, self.0.client.get_async_connection()).await?;
+        let made = self.0.client.get_async_connection();
+        let made = bounded(self.0.connecting_bound, made).await?;
         *self.0.current.write().unwrap_or_else(|p| p.into_inner()) = made;
         Ok(())
     }
