@@ -159,9 +159,7 @@ async fn listed_primaries(
     cluster: &mut ClusterConnection,
     limit: Duration,
 ) -> RedisResult<Vec<(u16, u16, String)>> {
-    let mut listing = redis::cmd("CLUSTER");
-    listing.arg("SLOTS");
-    let ranges = slot_ranges(first_answer(cluster, limit, listing).await?)?;
+    let ranges = listed_slots(cluster, limit).await?;
     let ranges = ranges
         .into_iter()
         .map(|range| (range.first, range.last, range.primary));
@@ -169,6 +167,23 @@ async fn listed_primaries(
     let mut primaries: Vec<_> = ranges.collect();
     primaries.sort();
     Ok(primaries)
+}
+
+/// The slot ranges as the first node to answer `CLUSTER SLOTS` lists them.
+async fn listed_slots(
+    cluster: &mut ClusterConnection,
+    limit: Duration,
+) -> RedisResult<Vec<SlotRange>> {
+    let mut listing = redis::cmd("CLUSTER");
+    listing.arg("SLOTS");
+    slot_ranges(first_answer(cluster, limit, listing).await?)
+}
+
+fn not_a_cluster() -> RedisError {
+    RedisError::from((
+        ErrorKind::InvalidClientConfig,
+        "a Cluster question asked of a connection that is not to a Cluster",
+    ))
 }
 
 /// The first answer to `question`, asked of every node of a Cluster: one chosen at
@@ -775,18 +790,16 @@ impl Connection {
 
     /// On a Cluster, the slot ranges as the nodes list them now.
     pub(crate) async fn slot_ranges(&mut self) -> RedisResult<Vec<SlotRange>> {
-        let mut slots = redis::cmd("CLUSTER");
-        slots.arg("SLOTS");
-        slot_ranges(self.asked_of_every_node(slots).await?)
+        let Connection::Cluster(link) = self else {
+            return Err(not_a_cluster());
+        };
+        listed_slots(&mut link.current(), link.0.limit).await
     }
 
     /// The first answer to `question`, asked of every node of a Cluster.
     async fn asked_of_every_node(&mut self, question: redis::Cmd) -> RedisResult<Value> {
         let Connection::Cluster(link) = self else {
-            return Err(RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "a Cluster question asked of a connection that is not to a Cluster",
-            )));
+            return Err(not_a_cluster());
         };
         first_answer(&mut link.current(), link.0.limit, question).await
     }
