@@ -3,7 +3,8 @@
 //! connects, goes on locking the other slots, and reloads the scripts a primary lost
 //! while one primary is silent; a lock is confirmed where its slot moved, and so are
 //! those confirmed beside it; a client that connects while a replica is down waits
-//! for it; a failover from a primary gone silent is followed while it stays silent.
+//! for it; a failover from a primary gone silent is followed while it stays silent,
+//! by requests and by waiters.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -359,6 +360,78 @@ async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
     eprintln!("granted {following:?} after the failover");
     guard.release().await.unwrap();
     client.shutdown().await;
+}
+
+/// A client that waits for a lock on a primary gone silent hears its release from the
+/// replica promoted: once the client finds the failover, its subscriber follows as
+/// its requests do, subscribes there again, and wakes the waiters. Else a waiter
+/// would learn of the release only by asking again, after `retry_wait` or the
+/// holder's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_hears_the_release_on_the_replica_promoted_from_a_silent_primary() {
+    let mut cluster = RedisCluster::start();
+    let key = "invoice:heard";
+    let slot = cluster.slot_of(key);
+    let shard = cluster.shard_for(slot);
+    block_in_place(|| cluster.add_replica(shard.primary));
+    let silent = &cluster.servers[shard.primary];
+    let nudge = a_key(&cluster, |primary| primary == silent.port());
+    let config = ClientConfig::new()
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(1));
+    let holder = LockClient::cluster_with(cluster.urls(), config.clone());
+    let waiter = LockClient::cluster_with(cluster.urls(), config);
+    let (holder, waiter) = (holder.await.unwrap(), waiter.await.unwrap());
+    let fixed = LockOptions::new().lease(Duration::from_secs(30));
+    let held = holder.acquire(key, &fixed).await.unwrap();
+    let waiting = {
+        let waiter = waiter.clone();
+        let patient = LockOptions::new()
+            .retry_wait(Duration::from_secs(20))
+            .timeout(Duration::from_secs(25));
+        tokio::spawn(async move {
+            let guard = waiter.acquire(key, &patient).await;
+            (guard, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    silent.freeze();
+    block_in_place(|| cluster.wait_until_failed_over(shard.primary, slot, Duration::from_secs(30)));
+    // Each client finds the failover once a call to the silent primary runs out of
+    // time, and then makes its connections anew within the connecting bound.
+    let at_once = LockOptions::new().spin(false);
+    for client in [&holder, &waiter] {
+        let found = Instant::now();
+        let guard = loop {
+            match client.acquire(&nudge, &at_once).await {
+                Err(_) if found.elapsed() < Duration::from_secs(15) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                guard => break guard,
+            }
+        };
+        guard.unwrap().release().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (granted, at) = waiting.await.unwrap();
+    silent.thaw();
+    assert!(
+        at > released,
+        "the waiter was granted the lock while it was held"
+    );
+    let heard_in = at - released;
+    assert!(
+        granted.is_ok() && heard_in < Duration::from_secs(3),
+        "the waiter got {:?} {heard_in:?} after the release",
+        granted.as_ref().map(|_| "the lock")
+    );
+    eprintln!("heard {heard_in:?} after the release");
+    granted.unwrap().release().await.unwrap();
+    holder.shutdown().await;
+    waiter.shutdown().await;
 }
 
 /// Migrates `slot` to a primary other than the one serving it; returns that primary.

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -46,7 +46,7 @@ pub(crate) enum Target {
         client: Box<Client>,
         manager: Option<ConnectionManager>,
     },
-    Cluster(Vec<String>),
+    Cluster(Arc<ClusterNodes>),
     Sentinel(Arc<NamedPrimary>),
 }
 
@@ -64,6 +64,70 @@ pub(crate) enum Connection {
     Cluster(ClusterLink),
 }
 
+/// A Cluster's nodes, and what the connections a client makes to them share: the
+/// slots' primaries as the nodes last listed them, and the connections, to be made
+/// anew when that changes.
+pub(crate) struct ClusterNodes {
+    urls: Vec<String>,
+    primaries: Mutex<Option<Vec<(u16, u16, String)>>>,
+    /// Set while the nodes are asked whether the primaries changed, and the
+    /// connections follow.
+    asking: AtomicBool,
+    links: Mutex<Vec<Weak<ClusterLinkState>>>,
+}
+
+impl ClusterNodes {
+    fn primaries(&self) -> MutexGuard<'_, Option<Vec<(u16, u16, String)>>> {
+        self.primaries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn links(&self) -> MutexGuard<'_, Vec<Weak<ClusterLinkState>>> {
+        self.links.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When the nodes, asked over `link`, list other primaries than they did before,
+    /// makes every connection that lives anew: requests' first, so that the waiters
+    /// the subscriber's then wakes ask again over connections that followed. A
+    /// change is recorded once all of them followed it; until then the next request
+    /// to run out of time finds it again. redis-rs reads its slot map again by itself
+    /// only on a `MOVED` or a dropped connection, and a primary whose host went
+    /// without a word keeps its connections open and silent: once the Cluster failed
+    /// over from it, its slots stayed in the map, and every request for them went
+    /// unanswered until it answered again. Reading the map again in place would hold
+    /// every request meanwhile, while redis-rs may wait on the silent node first; a
+    /// new connection is made beside each.
+    async fn follow_failovers(&self, link: &ClusterLink) {
+        let Ok(now) = listed_primaries(&mut link.current(), link.0.limit).await else {
+            return;
+        };
+        let unchanged = self
+            .primaries()
+            .as_ref()
+            .is_none_or(|before| *before == now);
+        if unchanged || self.made_anew().await {
+            *self.primaries() = Some(now);
+        }
+    }
+
+    /// Makes every connection that lives anew, requests' first; true once all are.
+    async fn made_anew(&self) -> bool {
+        let links: Vec<_> = self.links().iter().filter_map(Weak::upgrade).collect();
+        let (subscribers, requests): (Vec<_>, Vec<_>) =
+            (links.into_iter().map(ClusterLink)).partition(|link| link.0.signals.is_some());
+        let mut all = true;
+        for links in [requests, subscribers] {
+            let mut making = tokio::task::JoinSet::new();
+            for link in links {
+                making.spawn(async move { link.connect_anew().await });
+            }
+            while let Some(made) = making.join_next().await {
+                all &= matches!(made, Ok(Ok(())));
+            }
+        }
+        all
+    }
+}
+
 /// A Cluster connection. Each request is `bounded` by `limit`: the response timeout
 /// redis-rs gives it bounds one try, not the retries.
 #[derive(Clone)]
@@ -71,31 +135,44 @@ pub(crate) struct ClusterLink(Arc<ClusterLinkState>);
 
 struct ClusterLinkState {
     client: ClusterClient,
+    nodes: Arc<ClusterNodes>,
     /// Replaced by a connection made anew when the slots' primaries change under it.
     current: RwLock<ClusterConnection>,
     limit: Duration,
     /// How long making a connection anew may take.
     connecting_bound: Duration,
-    /// The slots' primaries as the nodes last listed them to this connection.
-    primaries: Mutex<Option<Vec<(u16, u16, String)>>>,
-    /// Set while the nodes are asked whether the primaries changed.
-    asking: AtomicBool,
+    /// A subscriber's, for the channels to subscribe to again on a new connection.
+    signals: Option<Arc<Signals>>,
 }
 
 impl ClusterLink {
-    /// A connection made by `client`, with the slots' primaries as listed now.
-    async fn made(client: ClusterClient, config: &ClientConfig) -> RedisResult<ClusterLink> {
+    /// A connection made by `client` to `nodes`, made anew when they list other
+    /// primaries for the slots; a subscriber's, given `signals`, then subscribes
+    /// again to every channel they watch.
+    async fn made(
+        client: ClusterClient,
+        nodes: &Arc<ClusterNodes>,
+        config: &ClientConfig,
+        signals: Option<Arc<Signals>>,
+    ) -> RedisResult<ClusterLink> {
         let mut current = client.get_async_connection().await?;
         let limit = config.command_timeout;
-        let primaries = listed_primaries(&mut current, limit).await.ok();
-        Ok(ClusterLink(Arc::new(ClusterLinkState {
+        let unlisted = nodes.primaries().is_none();
+        if unlisted && let Ok(primaries) = listed_primaries(&mut current, limit).await {
+            *nodes.primaries() = Some(primaries);
+        }
+        let link = ClusterLink(Arc::new(ClusterLinkState {
             client,
+            nodes: nodes.clone(),
             current: RwLock::new(current),
             limit,
             connecting_bound: config.connecting_bound(),
-            primaries: Mutex::new(primaries),
-            asking: AtomicBool::new(false),
-        })))
+            signals,
+        }));
+        let mut links = nodes.links();
+        links.retain(|link| link.strong_count() > 0);
+        links.push(Arc::downgrade(&link.0));
+        Ok(link)
     }
 
     fn current(&self) -> ClusterConnection {
@@ -108,7 +185,7 @@ impl ClusterLink {
 
     /// What `send` sends, given up on after the limit. A request given up on has the
     /// nodes asked, in the background, whether the slots' primaries changed
-    /// ([`ClusterLink::follow_failovers`]): the one it went to may have gone silent,
+    /// ([`ClusterNodes::follow_failovers`]): the one it went to may have gone silent,
     /// and the Cluster failed over from it.
     async fn request<T>(
         &self,
@@ -116,40 +193,38 @@ impl ClusterLink {
     ) -> RedisResult<T> {
         let answer = bounded(self.0.limit, send(&mut self.current())).await;
         if answer.as_ref().is_err_and(RedisError::is_timeout)
-            && !self.0.asking.swap(true, Ordering::AcqRel)
+            && !self.0.nodes.asking.swap(true, Ordering::AcqRel)
             && let Ok(runtime) = Handle::try_current()
         {
             let link = self.clone();
             runtime.spawn(async move {
-                let _ = link.follow_failovers().await;
-                link.0.asking.store(false, Ordering::Release);
+                let nodes = &link.0.nodes;
+                nodes.follow_failovers(&link).await;
+                nodes.asking.store(false, Ordering::Release);
             });
         }
         answer
     }
 
-    /// When the nodes list other primaries than they last did, makes the connection
-    /// anew, and has requests go over it from then on. redis-rs reads its slot map
-    /// again by itself only on a `MOVED` or a dropped connection, and a primary whose
-    /// host went without a word keeps its connections open and silent: once the
-    /// Cluster failed over from it, its slots stayed in the map, and every request for
-    /// them went unanswered until it answered again. Reading the map again in place
-    /// would hold every request meanwhile, while redis-rs may wait on the silent node
-    /// first; a new connection is made beside it. A subscriber's link never asks: it
-    /// sends nothing through `request`, and a new connection would not carry its
-    /// subscriptions.
-    async fn follow_failovers(&self) -> RedisResult<()> {
-        let now = listed_primaries(&mut self.current(), self.0.limit).await?;
-        let before = (self.0.primaries.lock())
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(now.clone());
-        if before.is_none_or(|before| before == now) {
-            return Ok(());
-        }
+    /// Makes the connection anew and has requests go over it from then on; a
+    /// subscriber's then subscribes again to every channel watched, and wakes every
+    /// waiter, since a release may have gone unheard.
+    async fn connect_anew(&self) -> RedisResult<()> {
         let made = self.0.client.get_async_connection();
-        let made = bounded(self.0.connecting_bound, made).await?;
-        *self.0.current.write().unwrap_or_else(|p| p.into_inner()) = made;
-        Ok(())
+        let mut made = bounded(self.0.connecting_bound, made).await?;
+        *self.0.current.write().unwrap_or_else(|p| p.into_inner()) = made.clone();
+        let Some(signals) = &self.0.signals else {
+            return Ok(());
+        };
+        let subscribed = async {
+            for channel in signals.channels() {
+                bounded(self.0.limit, made.ssubscribe(&channel)).await?;
+            }
+            Ok(())
+        };
+        let subscribed = subscribed.await;
+        signals.notify_all();
+        subscribed
     }
 }
 
@@ -221,7 +296,12 @@ impl Target {
     }
 
     pub(crate) fn cluster(urls: Vec<String>) -> Target {
-        Target::Cluster(urls)
+        Target::Cluster(Arc::new(ClusterNodes {
+            urls,
+            primaries: Mutex::new(None),
+            asking: AtomicBool::new(false),
+            links: Mutex::new(Vec::new()),
+        }))
     }
 
     pub(crate) fn sentinel(
@@ -278,10 +358,10 @@ impl Target {
         let source = match self {
             Target::Server { client, .. } => Source::Server(client.clone()),
             Target::Sentinel(named) => Source::Sentinel(named.clone()),
-            Target::Cluster(urls) => {
-                let client = cluster_builder(urls, config).build()?;
+            Target::Cluster(nodes) => {
+                let client = cluster_builder(&nodes.urls, config).build()?;
                 return Ok(Connection::Cluster(
-                    ClusterLink::made(client, config).await?,
+                    ClusterLink::made(client, nodes, config, None).await?,
                 ));
             }
         };
@@ -363,7 +443,7 @@ impl Target {
         config: &ClientConfig,
         signals: Arc<Signals>,
     ) -> RedisResult<Connection> {
-        let signals_for_sentinel = signals.clone();
+        let resubscribing = signals.clone();
         let pushes = move |push: PushInfo| {
             on_push(&signals, push);
             Ok::<(), redis::aio::SendError>(())
@@ -379,11 +459,12 @@ impl Target {
                     limit: config.command_timeout,
                 })
             }
-            Target::Cluster(urls) => {
-                let builder = cluster_builder(urls, config).use_protocol(ProtocolVersion::RESP3);
+            Target::Cluster(nodes) => {
+                let builder = cluster_builder(&nodes.urls, config);
+                let builder = builder.use_protocol(ProtocolVersion::RESP3);
                 let client = builder.push_sender(pushes).build()?;
                 Ok(Connection::Cluster(
-                    ClusterLink::made(client, config).await?,
+                    ClusterLink::made(client, nodes, config, Some(resubscribing)).await?,
                 ))
             }
             Target::Sentinel(named) => {
@@ -408,7 +489,7 @@ impl Target {
                     following,
                     drops,
                     switches,
-                    signals_for_sentinel,
+                    resubscribing,
                 ));
                 Ok(Connection::Own(connection))
             }
@@ -826,7 +907,10 @@ impl Connection {
         match self {
             Connection::Own(own) => own.current().await?.link.subscribe(channel).await,
             Connection::Manager { manager, .. } => manager.subscribe(channel).await,
-            Connection::Cluster(link) => link.current().ssubscribe(channel).await,
+            Connection::Cluster(link) => {
+                link.request(async move |cluster| cluster.ssubscribe(channel).await)
+                    .await
+            }
         }
     }
 
