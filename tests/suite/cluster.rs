@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use lock_runtime::history::History;
 use lock_runtime::{ClientConfig, LockClient, LockError, LockInspector, LockOptions};
-use lock_tests::{RedisCluster, RedisServer};
+use lock_tests::{RedisCluster, RedisServer, Shard};
 use redis::AsyncCommands;
 use tokio::task::block_in_place;
 
@@ -323,15 +323,8 @@ async fn a_client_that_connects_while_a_replica_has_failed_waits_for_one() {
 /// granted by the promoted replica, and confirmed with the shard's other replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
-    let mut cluster = RedisCluster::start();
     let key = "invoice:silent";
-    let slot = cluster.slot_of(key);
-    let shard = cluster.shard_for(slot);
-    // So that the replica promoted has one of its own, to confirm grants with.
-    block_in_place(|| cluster.add_replica(shard.primary));
-    let config = ClientConfig::new()
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(1));
+    let (cluster, slot, shard, config) = a_shard_to_silence(key);
     let client = LockClient::cluster_with(cluster.urls(), config)
         .await
         .unwrap();
@@ -369,16 +362,10 @@ async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
 /// holder's lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_hears_the_release_on_the_replica_promoted_from_a_silent_primary() {
-    let mut cluster = RedisCluster::start();
     let key = "invoice:heard";
-    let slot = cluster.slot_of(key);
-    let shard = cluster.shard_for(slot);
-    block_in_place(|| cluster.add_replica(shard.primary));
+    let (cluster, slot, shard, config) = a_shard_to_silence(key);
     let silent = &cluster.servers[shard.primary];
     let nudge = a_key(&cluster, |primary| primary == silent.port());
-    let config = ClientConfig::new()
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(1));
     let holder = LockClient::cluster_with(cluster.urls(), config.clone());
     let waiter = LockClient::cluster_with(cluster.urls(), config);
     let (holder, waiter) = (holder.await.unwrap(), waiter.await.unwrap());
@@ -432,6 +419,20 @@ async fn a_waiter_hears_the_release_on_the_replica_promoted_from_a_silent_primar
     guard.release().await.unwrap();
     holder.shutdown().await;
     waiter.shutdown().await;
+}
+
+/// A Cluster whose shard serving `key` has a second replica, so that the replica
+/// promoted from it has one of its own to confirm grants with; `key`'s slot, that
+/// shard, and short bounds for the clients, so that a silent primary shows quickly.
+fn a_shard_to_silence(key: &str) -> (RedisCluster, u16, Shard, ClientConfig) {
+    let mut cluster = RedisCluster::start();
+    let slot = cluster.slot_of(key);
+    let shard = cluster.shard_for(slot);
+    block_in_place(|| cluster.add_replica(shard.primary));
+    let config = ClientConfig::new()
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(1));
+    (cluster, slot, shard, config)
 }
 
 /// Migrates `slot` to a primary other than the one serving it; returns that primary.
