@@ -324,8 +324,35 @@ async fn a_client_that_connects_while_a_replica_has_failed_waits_for_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
     let key = "invoice:silent";
-    let (cluster, slot, shard, config) = a_shard_to_silence(key);
-    let client = LockClient::cluster_with(cluster.urls(), config)
+    let (cluster, ..) = a_shard_to_silence(key);
+    follows_a_silent_primary(&cluster, &cluster.urls(), ClientConfig::new(), key).await;
+}
+
+/// `config` with the bounds of a client that meets a silent primary: a request to
+/// it is given up on after 500 ms, and a connection to it after 5 s, longer than
+/// following a failover from it should take.
+pub(crate) fn quick_to_see_silence(config: ClientConfig) -> ClientConfig {
+    config
+        .command_timeout(Duration::from_millis(500))
+        .connect_timeout(SILENT_NODE_CONNECT_TIMEOUT)
+}
+
+const SILENT_NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Freezes `cluster`'s primary of `key` until a replica has taken its slot over, and
+/// has a client of `urls` lock `key` there meanwhile: granted within the connect
+/// timeout of the failover, since the client's new connections start from the
+/// primaries the nodes list, reached as its URLs say (credentials, TLS), not from
+/// the URLs, one of which is the silent node.
+pub(crate) async fn follows_a_silent_primary(
+    cluster: &RedisCluster,
+    urls: &[String],
+    config: ClientConfig,
+    key: &str,
+) {
+    let slot = cluster.slot_of(key);
+    let shard = cluster.shard_for(slot);
+    let client = LockClient::cluster_with(urls, quick_to_see_silence(config))
         .await
         .unwrap();
     let options = LockOptions::new().timeout(Duration::from_secs(1));
@@ -350,9 +377,14 @@ async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
     let guard = granted.unwrap_or_else(|error| {
         panic!("no lock granted 15 s after the failover, the old primary silent: {error}")
     });
-    eprintln!("granted {following:?} after the failover");
     guard.release().await.unwrap();
     client.shutdown().await;
+    assert!(
+        following < SILENT_NODE_CONNECT_TIMEOUT,
+        "granted {following:?} after the failover: the client waited out the connect \
+         timeout on the silent node"
+    );
+    eprintln!("granted {following:?} after the failover");
 }
 
 /// A client that waits for a lock on a primary gone silent hears its release from the
@@ -363,7 +395,8 @@ async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_hears_the_release_on_the_replica_promoted_from_a_silent_primary() {
     let key = "invoice:heard";
-    let (cluster, slot, shard, config) = a_shard_to_silence(key);
+    let (cluster, slot, shard) = a_shard_to_silence(key);
+    let config = quick_to_see_silence(ClientConfig::new());
     let silent = &cluster.servers[shard.primary];
     let nudge = a_key(&cluster, |primary| primary == silent.port());
     let holder = LockClient::cluster_with(cluster.urls(), config.clone());
@@ -422,17 +455,14 @@ async fn a_waiter_hears_the_release_on_the_replica_promoted_from_a_silent_primar
 }
 
 /// A Cluster whose shard serving `key` has a second replica, so that the replica
-/// promoted from it has one of its own to confirm grants with; `key`'s slot, that
-/// shard, and short bounds for the clients, so that a silent primary shows quickly.
-fn a_shard_to_silence(key: &str) -> (RedisCluster, u16, Shard, ClientConfig) {
+/// promoted from it has one of its own to confirm grants with; `key`'s slot, and
+/// that shard.
+fn a_shard_to_silence(key: &str) -> (RedisCluster, u16, Shard) {
     let mut cluster = RedisCluster::start();
     let slot = cluster.slot_of(key);
     let shard = cluster.shard_for(slot);
     block_in_place(|| cluster.add_replica(shard.primary));
-    let config = ClientConfig::new()
-        .command_timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(1));
-    (cluster, slot, shard, config)
+    (cluster, slot, shard)
 }
 
 /// Migrates `slot` to a primary other than the one serving it; returns that primary.

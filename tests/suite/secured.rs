@@ -13,6 +13,7 @@ use lock_tests::{RedisCluster, RedisServer, SentinelGroup};
 use tokio::time::Instant;
 
 use crate::attribute::Overlap;
+use crate::cluster::follows_a_silent_primary;
 
 /// What the library's ACL user may do, as the README shows it after
 /// `ACL SETUSER locks on >password`: its keys and channels, and its commands.
@@ -580,6 +581,20 @@ async fn a_cluster_takes_the_acl_user_from_its_urls() {
     }
 }
 
+/// A failover from a silent primary is followed as the ACL user the URLs name: the
+/// connections made anew from the primaries the nodes list log in as it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_follows_a_silent_primary_as_the_acl_user() {
+    let cluster = RedisCluster::start_with_password("admin-pass");
+    let urls = cluster_lock_user(&cluster, LOCK_USER_CLUSTER_RULES);
+    // The replica promoted has none of its own to confirm grants with.
+    let config = ClientConfig::new().replicas(0);
+    follows_a_silent_primary(&cluster, &urls, config, "invoice:silent").await;
+    for server in &cluster.servers {
+        assert_nothing_denied(server, "the library on a Cluster node");
+    }
+}
+
 /// The lock user with the README's rules and `rules` on every node of `cluster`; the
 /// nodes' URLs as that user.
 fn cluster_lock_user(cluster: &RedisCluster, rules: &str) -> Vec<String> {
@@ -786,6 +801,16 @@ mod tls {
             .await
             .unwrap();
         exclude_and_wake(&first, &second, &cluster.servers.iter().collect::<Vec<_>>()).await;
+    }
+
+    /// The connections made anew from the primaries the nodes list speak TLS too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cluster_follows_a_silent_primary() {
+        let ca = Arc::new(TestCa::new());
+        let cluster = RedisCluster::start_with_tls(&ca);
+        // The replica promoted has none of its own to confirm grants with.
+        let config = trusting(&ca).replicas(0);
+        follows_a_silent_primary(&cluster, &cluster.urls(), config, "invoice:silent").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

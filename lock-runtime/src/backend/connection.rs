@@ -7,7 +7,7 @@
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
@@ -97,34 +97,88 @@ impl ClusterNodes {
     /// every request meanwhile, while redis-rs may wait on the silent node first; a
     /// new connection is made beside each.
     async fn follow_failovers(&self, link: &ClusterLink) {
-        let Ok(now) = listed_primaries(&mut link.current(), link.0.limit).await else {
+        let Ok(now) = listed_primaries(&mut link.current(), link.limit()).await else {
             return;
         };
         let unchanged = self
             .primaries()
             .as_ref()
             .is_none_or(|before| *before == now);
-        if unchanged || self.made_anew().await {
+        if unchanged || self.made_anew(self.reached_as_given(&now)).await {
             *self.primaries() = Some(now);
         }
     }
 
-    /// Makes every connection that lives anew, requests' first; true once all are.
-    async fn made_anew(&self) -> bool {
+    /// Makes every connection that lives anew from `primaries`, requests' first;
+    /// true once all are.
+    async fn made_anew(&self, primaries: Vec<ConnectionInfo>) -> bool {
         let links: Vec<_> = self.links().iter().filter_map(Weak::upgrade).collect();
         let (subscribers, requests): (Vec<_>, Vec<_>) =
             (links.into_iter().map(ClusterLink)).partition(|link| link.0.signals.is_some());
+        let primaries = Arc::new(primaries);
         let mut all = true;
         for links in [requests, subscribers] {
             let mut making = tokio::task::JoinSet::new();
             for link in links {
-                making.spawn(async move { link.connect_anew().await });
+                let primaries = primaries.clone();
+                making.spawn(async move { link.connect_anew(&primaries).await });
             }
             while let Some(made) = making.join_next().await {
                 all &= matches!(made, Ok(Ok(())));
             }
         }
         all
+    }
+
+    /// The nodes' URLs, as the client was given them.
+    fn given(&self) -> impl Iterator<Item = &str> {
+        self.urls.iter().map(String::as_str)
+    }
+
+    /// The primaries of `ranges`, each reached as the first URL says: with its
+    /// credentials and TLS settings.
+    fn reached_as_given(&self, ranges: &[(u16, u16, String)]) -> Vec<ConnectionInfo> {
+        let Some(Ok(first)) = self
+            .urls
+            .first()
+            .map(|url| url.as_str().into_connection_info())
+        else {
+            return Vec::new();
+        };
+        let mut addresses: Vec<&str> = ranges.iter().map(|(_, _, primary)| &primary[..]).collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        let reached = addresses.into_iter().filter_map(|address| {
+            let (host, port) = address.rsplit_once(':')?;
+            Some(elsewhere(&first, host.to_owned(), port.parse().ok()?))
+        });
+        reached.collect()
+    }
+
+    /// A client that connects first to `initial`; a subscriber's, given `signals`,
+    /// speaks RESP3 and passes what is pushed to them.
+    fn client<T: IntoConnectionInfo>(
+        initial: impl IntoIterator<Item = T>,
+        config: &ClientConfig,
+        signals: Option<&Arc<Signals>>,
+    ) -> RedisResult<ClusterClient> {
+        let builder = ClusterClient::builder(initial)
+            .connection_timeout(config.connect_timeout)
+            .response_timeout(config.command_timeout);
+        #[cfg(feature = "tls")]
+        let builder = match &config.tls_certificates {
+            Some(certificates) => builder.certs(certificates.clone()),
+            None => builder,
+        };
+        let Some(signals) = signals.cloned() else {
+            return builder.build();
+        };
+        let pushes = move |push: PushInfo| {
+            on_push(&signals, push);
+            Ok::<(), redis::aio::SendError>(())
+        };
+        let builder = builder.use_protocol(ProtocolVersion::RESP3);
+        builder.push_sender(pushes).build()
     }
 }
 
@@ -134,14 +188,12 @@ impl ClusterNodes {
 pub(crate) struct ClusterLink(Arc<ClusterLinkState>);
 
 struct ClusterLinkState {
-    client: ClusterClient,
     nodes: Arc<ClusterNodes>,
     /// Replaced by a connection made anew when the slots' primaries change under it.
     current: RwLock<ClusterConnection>,
-    limit: Duration,
-    /// How long making a connection anew may take.
-    connecting_bound: Duration,
-    /// A subscriber's, for the channels to subscribe to again on a new connection.
+    config: ClientConfig,
+    /// A subscriber's, for its pushes and the channels to subscribe to again on a
+    /// new connection.
     signals: Option<Arc<Signals>>,
 }
 
@@ -150,11 +202,11 @@ impl ClusterLink {
     /// primaries for the slots; a subscriber's, given `signals`, then subscribes
     /// again to every channel they watch.
     async fn made(
-        client: ClusterClient,
         nodes: &Arc<ClusterNodes>,
         config: &ClientConfig,
         signals: Option<Arc<Signals>>,
     ) -> RedisResult<ClusterLink> {
+        let client = ClusterNodes::client(nodes.given(), config, signals.as_ref())?;
         let mut current = client.get_async_connection().await?;
         let limit = config.command_timeout;
         let unlisted = nodes.primaries().is_none();
@@ -162,17 +214,19 @@ impl ClusterLink {
             *nodes.primaries() = Some(primaries);
         }
         let link = ClusterLink(Arc::new(ClusterLinkState {
-            client,
             nodes: nodes.clone(),
             current: RwLock::new(current),
-            limit,
-            connecting_bound: config.connecting_bound(),
+            config: config.clone(),
             signals,
         }));
         let mut links = nodes.links();
         links.retain(|link| link.strong_count() > 0);
         links.push(Arc::downgrade(&link.0));
         Ok(link)
+    }
+
+    fn limit(&self) -> Duration {
+        self.0.config.command_timeout
     }
 
     fn current(&self) -> ClusterConnection {
@@ -191,7 +245,7 @@ impl ClusterLink {
         &self,
         send: impl AsyncFnOnce(&mut ClusterConnection) -> RedisResult<T>,
     ) -> RedisResult<T> {
-        let answer = bounded(self.0.limit, send(&mut self.current())).await;
+        let answer = bounded(self.limit(), send(&mut self.current())).await;
         if answer.as_ref().is_err_and(RedisError::is_timeout)
             && !self.0.nodes.asking.swap(true, Ordering::AcqRel)
             && let Ok(runtime) = Handle::try_current()
@@ -206,19 +260,37 @@ impl ClusterLink {
         answer
     }
 
-    /// Makes the connection anew and has requests go over it from then on; a
-    /// subscriber's then subscribes again to every channel watched, and wakes every
-    /// waiter, since a release may have gone unheard.
-    async fn connect_anew(&self) -> RedisResult<()> {
-        let made = self.0.client.get_async_connection();
-        let mut made = bounded(self.0.connecting_bound, made).await?;
+    /// Makes the connection anew, from `primaries`, and has requests go over it
+    /// from then on; a subscriber's then subscribes again to every channel watched,
+    /// and wakes every waiter, since a release may have gone unheard. Made from the
+    /// client's URLs instead, it would first wait out the connect timeout on the
+    /// silent node they list; they serve where the primaries cannot be reached as
+    /// listed.
+    async fn connect_anew(&self, primaries: &[ConnectionInfo]) -> RedisResult<()> {
+        let ClusterLinkState {
+            nodes,
+            config,
+            signals,
+            ..
+        } = &*self.0;
+        let connect = async |client: RedisResult<ClusterClient>| {
+            bounded(config.connecting_bound(), client?.get_async_connection()).await
+        };
+        let listed = ClusterNodes::client(primaries.iter().cloned(), config, signals.as_ref());
+        let mut made = match connect(listed).await {
+            Ok(made) => made,
+            Err(_) => {
+                let given = ClusterNodes::client(nodes.given(), config, signals.as_ref());
+                connect(given).await?
+            }
+        };
         *self.0.current.write().unwrap_or_else(|p| p.into_inner()) = made.clone();
-        let Some(signals) = &self.0.signals else {
+        let Some(signals) = signals else {
             return Ok(());
         };
         let subscribed = async {
             for channel in signals.channels() {
-                bounded(self.0.limit, made.ssubscribe(&channel)).await?;
+                bounded(config.command_timeout, made.ssubscribe(&channel)).await?;
             }
             Ok(())
         };
@@ -359,10 +431,8 @@ impl Target {
             Target::Server { client, .. } => Source::Server(client.clone()),
             Target::Sentinel(named) => Source::Sentinel(named.clone()),
             Target::Cluster(nodes) => {
-                let client = cluster_builder(&nodes.urls, config).build()?;
-                return Ok(Connection::Cluster(
-                    ClusterLink::made(client, nodes, config, None).await?,
-                ));
+                let link = ClusterLink::made(nodes, config, None).await?;
+                return Ok(Connection::Cluster(link));
             }
         };
         let own = Reconnecting::commands(source, config);
@@ -460,12 +530,8 @@ impl Target {
                 })
             }
             Target::Cluster(nodes) => {
-                let builder = cluster_builder(&nodes.urls, config);
-                let builder = builder.use_protocol(ProtocolVersion::RESP3);
-                let client = builder.push_sender(pushes).build()?;
-                Ok(Connection::Cluster(
-                    ClusterLink::made(client, nodes, config, Some(resubscribing)).await?,
-                ))
+                let link = ClusterLink::made(nodes, config, Some(resubscribing)).await?;
+                Ok(Connection::Cluster(link))
             }
             Target::Sentinel(named) => {
                 let named = named.speaking(ProtocolVersion::RESP3);
@@ -874,7 +940,7 @@ impl Connection {
         let Connection::Cluster(link) = self else {
             return Err(not_a_cluster());
         };
-        listed_slots(&mut link.current(), link.0.limit).await
+        listed_slots(&mut link.current(), link.limit()).await
     }
 
     /// The first answer to `question`, asked of every node of a Cluster.
@@ -882,7 +948,7 @@ impl Connection {
         let Connection::Cluster(link) = self else {
             return Err(not_a_cluster());
         };
-        first_answer(&mut link.current(), link.0.limit, question).await
+        first_answer(&mut link.current(), link.limit(), question).await
     }
 
     /// Sends `pipeline` whole, over one connection, to the primary that serves `key`.
@@ -1611,15 +1677,23 @@ fn open(server: impl IntoConnectionInfo, config: &ClientConfig) -> RedisResult<C
     Client::open(server)
 }
 
-fn cluster_builder(urls: &[String], config: &ClientConfig) -> ClusterClientBuilder {
-    let builder = ClusterClient::builder(urls.to_vec())
-        .connection_timeout(config.connect_timeout)
-        .response_timeout(config.command_timeout);
-    #[cfg(feature = "tls")]
-    if let Some(certificates) = &config.tls_certificates {
-        return builder.certs(certificates.clone());
-    }
-    builder
+/// `node`'s connection info for the server at `host` and `port`: the same
+/// credentials, TLS and settings.
+fn elsewhere(node: &ConnectionInfo, host: String, port: u16) -> ConnectionInfo {
+    let addr = match node.addr() {
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => ConnectionAddr::Tcp(host, port),
+    };
+    node.clone().set_addr(addr)
 }
 
 /// What one Sentinel says of the primary: its address, and whether it is failing
@@ -1808,21 +1882,7 @@ impl NamedPrimary {
         if named.failing_over {
             return not_yet("a Sentinel is failing the primary over");
         }
-        let (host, port) = (named.ip, named.port);
-        let addr = match self.node.addr() {
-            ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => ConnectionAddr::Tcp(host, port),
-        };
-        let primary = open(self.node.clone().set_addr(addr), &self.config)?;
+        let primary = open(elsewhere(&self.node, named.ip, named.port), &self.config)?;
         let mut connection = primary
             .get_multiplexed_async_connection_with_config(&connection_config(&self.config))
             .await?;
