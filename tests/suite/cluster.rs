@@ -419,7 +419,7 @@ async fn a_waiter_hears_the_release_on_the_replica_promoted_from_a_silent_primar
     silent.freeze();
     block_in_place(|| cluster.wait_until_failed_over(shard.primary, slot, Duration::from_secs(30)));
     // Each client finds the failover once a call to the silent primary runs out of
-    // time, and then makes its connections anew within the connecting bound.
+    // time, and then makes its connections anew from the primaries listed.
     let at_once = LockOptions::new().spin(false);
     for client in [&holder, &waiter] {
         let found = Instant::now();

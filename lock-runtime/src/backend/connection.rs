@@ -173,12 +173,8 @@ impl ClusterNodes {
         let Some(signals) = signals.cloned() else {
             return builder.build();
         };
-        let pushes = move |push: PushInfo| {
-            on_push(&signals, push);
-            Ok::<(), redis::aio::SendError>(())
-        };
         let builder = builder.use_protocol(ProtocolVersion::RESP3);
-        builder.push_sender(pushes).build()
+        builder.push_sender(pushed_to(signals)).build()
     }
 }
 
@@ -198,7 +194,7 @@ struct ClusterLinkState {
 }
 
 impl ClusterLink {
-    /// A connection made by `client` to `nodes`, made anew when they list other
+    /// A connection to `nodes`, from their URLs, made anew when they list other
     /// primaries for the slots; a subscriber's, given `signals`, then subscribes
     /// again to every channel they watch.
     async fn made(
@@ -513,11 +509,7 @@ impl Target {
         config: &ClientConfig,
         signals: Arc<Signals>,
     ) -> RedisResult<Connection> {
-        let resubscribing = signals.clone();
-        let pushes = move |push: PushInfo| {
-            on_push(&signals, push);
-            Ok::<(), redis::aio::SendError>(())
-        };
+        let pushes = pushed_to(signals.clone());
         match self {
             Target::Server { client, .. } => {
                 let client = resp3(client)?;
@@ -530,7 +522,7 @@ impl Target {
                 })
             }
             Target::Cluster(nodes) => {
-                let link = ClusterLink::made(nodes, config, Some(resubscribing)).await?;
+                let link = ClusterLink::made(nodes, config, Some(signals)).await?;
                 Ok(Connection::Cluster(link))
             }
             Target::Sentinel(named) => {
@@ -551,12 +543,7 @@ impl Target {
                 );
                 connection.current().await?;
                 let following = Arc::downgrade(&connection.shared);
-                tokio::spawn(resubscribe_after_drops(
-                    following,
-                    drops,
-                    switches,
-                    resubscribing,
-                ));
+                tokio::spawn(resubscribe_after_drops(following, drops, switches, signals));
                 Ok(Connection::Own(connection))
             }
         }
@@ -1634,6 +1621,16 @@ fn unless_silent<T>(
             .poll(cx)
             .map(|()| Err(no_answer_in_time(limit))),
     })
+}
+
+/// What a subscriber's connection does with a push: hands it to `signals`.
+fn pushed_to(
+    signals: Arc<Signals>,
+) -> impl Fn(PushInfo) -> Result<(), redis::aio::SendError> + Send + Sync + 'static {
+    move |push| {
+        on_push(&signals, push);
+        Ok(())
+    }
 }
 
 /// A release or grant message wakes that lock's waiters (`Signals::heard` says
