@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use lock_runtime::history::{History, Holding};
 use lock_runtime::{ClientConfig, LockClient, LockError, LockGuard, LockOptions};
-use lock_tests::{RedisCluster, SentinelGroup, Shard};
+use lock_tests::{RedisCluster, RedisServer, SentinelGroup, Shard};
 use tokio::task::{JoinHandle, block_in_place};
 use tokio::time::Instant;
 
@@ -66,6 +66,20 @@ impl Failover {
                 cluster.restore_old_primary(*shard);
             }
         }
+    }
+
+    /// Every server's role and copy of the keys that hold `key`.
+    fn describe(&self, key: &str) -> String {
+        let servers: Vec<&RedisServer> = match self {
+            Failover::Sentinel(group) => std::iter::once(&group.primary)
+                .chain([&group.replica])
+                .chain(&group.more_replicas)
+                .collect(),
+            Failover::Cluster { cluster, .. } => cluster.servers.iter().collect(),
+        };
+        let pattern = format!("*{key}*");
+        let described = servers.iter().map(|server| server.describe(&pattern));
+        described.collect::<Vec<_>>().join(" | ")
     }
 
     /// A planned failover: the replica takes over while the primary lives on.
@@ -402,7 +416,7 @@ async fn a_planned_failover_loses_no_lock(mut failover: Failover, key: &str, bus
     let stop = Arc::new(AtomicBool::new(false));
     let turns = [(holder.clone(), "holder"), (waiter, "waiter")].map(|(client, name)| {
         let turns = taking_turns(client, name, busy_key.to_owned(), stop.clone());
-        tokio::spawn(turns)
+        (name, tokio::spawn(turns))
     });
 
     // Sections before the switch, so that the pause it makes is measured from one.
@@ -413,8 +427,14 @@ async fn a_planned_failover_loses_no_lock(mut failover: Failover, key: &str, bus
     tokio::time::sleep(lease).await;
     stop.store(true, Ordering::Relaxed);
     let mut sections = Vec::new();
-    for turns in turns {
-        sections.extend(turns.await.expect("sections went on through the switch"));
+    for (name, turns) in turns {
+        match turns.await.expect("the turns' task") {
+            Ok(taken) => sections.extend(taken),
+            Err(error) => panic!(
+                "the {name}'s section: {error}; {busy_key} now: {}",
+                failover.describe(busy_key)
+            ),
+        }
     }
     let history = History::new();
     sections
@@ -455,18 +475,18 @@ async fn a_planned_failover_loses_no_lock(mut failover: Failover, key: &str, bus
     );
 }
 
-/// `client`'s sections on `key`, each granted within its budget, until `stop`.
+/// `client`'s sections on `key`, each granted within its budget, until `stop`; or
+/// the first that was not.
 async fn taking_turns(
     client: LockClient,
     name: &'static str,
     key: String,
     stop: Arc<AtomicBool>,
-) -> Vec<Holding> {
+) -> Result<Vec<Holding>, LockError> {
     let options = LockOptions::new().timeout(Duration::from_secs(10));
     let mut sections = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        let guard = (client.acquire(&key, &options).await)
-            .unwrap_or_else(|error| panic!("the {name}'s section: {error}"));
+        let guard = client.acquire(&key, &options).await?;
         let from = SystemTime::now();
         tokio::time::sleep(Duration::from_millis(5)).await;
         let until = SystemTime::now();
@@ -481,7 +501,7 @@ async fn taking_turns(
         }
         let _ = guard.release().await;
     }
-    sections
+    Ok(sections)
 }
 
 /// With two replicas: the Sentinels move the one they do not promote to the new

@@ -4,7 +4,8 @@
 //! URL's password and database. A grant or renewal is confirmed on the server that
 //! made it, even while a primary the Sentinels failed over from lives on, and
 //! never on that primary, where a grant is refused as soon as they disown it, and a
-//! release or a give-back that primary answered is sent again to the new one. A
+//! release or a give-back that primary answered is sent again to the new one,
+//! whether its caller went or was told the grant was not vouched for. A
 //! client follows the switches of primary the Sentinels announce, so one that only
 //! waits moves at once, and asks them on: one cut off from them through a switch
 //! follows it too, and one whose Sentinels went silent listens anew and asks them on
@@ -314,13 +315,7 @@ async fn a_release_the_old_primary_answered_is_sent_again_to_the_new_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_given_back_on_the_old_primary_is_given_back_on_the_new_one() {
     let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
-    let (proxies, urls) = proxied_sentinels(&group).await;
-    let patient = ClientConfig::new().command_timeout(Duration::from_secs(10));
-    let leaving = LockClient::sentinel_with(&urls, group.name, patient);
-    let leaving = leaving.await.unwrap();
-    let waiter = LockClient::sentinel(group.sentinel_urls(), group.name);
-    let waiter = waiter.await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let (proxies, leaving, waiter) = proxied_and_direct(&group, Duration::from_secs(10)).await;
 
     // The grant is made on the primary at once; the Sentinels' word on it, and on
     // the switch below, reaches its client 4 s late.
@@ -331,11 +326,7 @@ async fn a_grant_given_back_on_the_old_primary_is_given_back_on_the_new_one() {
         tokio::spawn(async move { leaving.acquire("refund-run", &LockOptions::new()).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     gone.abort();
-    let waiting = tokio::spawn(async move {
-        let patient = LockOptions::new().timeout(Duration::from_secs(40));
-        let acquired = waiter.acquire("refund-run", &patient).await;
-        acquired.map(|guard| (guard, Instant::now()))
-    });
+    let waiting = waiting_for(waiter, "refund-run");
     switch_over_with_the_old_primary_alive(&group);
     let switched_at = Instant::now();
     // Its follow-up asks the slow Sentinels twice: 4 s each, then a release.
@@ -348,6 +339,79 @@ async fn a_grant_given_back_on_the_old_primary_is_given_back_on_the_new_one() {
          primary for its lease"
     );
     next.release().await.unwrap();
+}
+
+/// A grant the Sentinels do not vouch for is given back where it was made. Made
+/// on the primary just before a planned failover, it reached the replica promoted;
+/// the Sentinels, cut off from its client until the switch was made, never vouch
+/// for it, and the old primary, which answers as one until they demote it, takes
+/// the give-back, which frees nothing on the new one. It is sent again there, as a
+/// release is, so a client waiting for the lock gets it within moments, not once
+/// the lease of a grant nobody holds ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_given_back_unvouched_through_a_switch_is_given_back_on_the_new_primary() {
+    let group = SentinelGroup::start_with_replicas(Duration::from_secs(1), 2);
+    // What the Sentinels do not answer within this is not vouched for.
+    let (proxies, granting, waiter) = proxied_and_direct(&group, Duration::from_secs(4)).await;
+
+    for proxy in &proxies {
+        proxy.stall();
+    }
+    let refused = tokio::spawn(async move {
+        let once = LockOptions::new().spin(false);
+        granting.acquire("ledger-close", &once).await
+    });
+    let replicas = || std::iter::once(&group.replica).chain(&group.more_replicas);
+    while !replicas().all(|replica| replica.has_key("lock:{ledger-close}")) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting = waiting_for(waiter, "ledger-close");
+    switch_over_with_the_old_primary_alive(&group);
+    let refused = refused.await.unwrap();
+    assert!(
+        matches!(refused, Err(LockError::Replication { .. })),
+        "{refused:?}"
+    );
+    assert!(
+        group.named_primary().has_key("lock:{ledger-close}"),
+        "the give-back reached the new primary before the switch: nothing to follow"
+    );
+
+    for proxy in &proxies {
+        proxy.resume();
+    }
+    got_soon_after(
+        waiting,
+        Instant::now(),
+        "the give-back stayed on the old primary, and the new one kept the grant for its lease",
+    )
+    .await;
+}
+
+/// A client of `group` that reaches the Sentinels through proxies, with
+/// `command_timeout`, and one that reaches them directly, both listening to them:
+/// the proxies and the two clients.
+async fn proxied_and_direct(
+    group: &SentinelGroup,
+    command_timeout: Duration,
+) -> (Vec<TcpProxy>, LockClient, LockClient) {
+    let (proxies, urls) = proxied_sentinels(group).await;
+    let config = ClientConfig::new().command_timeout(command_timeout);
+    let proxied = LockClient::sentinel_with(&urls, group.name, config);
+    let proxied = proxied.await.unwrap();
+    let direct = LockClient::sentinel(group.sentinel_urls(), group.name);
+    let direct = direct.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    (proxies, proxied, direct)
+}
+
+/// `waiter` waiting for `key`, for 40 s at most.
+fn waiting_for(waiter: LockClient, key: &'static str) -> Waiting {
+    tokio::spawn(async move {
+        let patient = LockOptions::new().timeout(Duration::from_secs(40));
+        let acquired = waiter.acquire(key, &patient).await;
+        acquired.map(|guard| (guard, Instant::now()))
+    })
 }
 
 /// A client that only waits through a planned failover makes no grant or release

@@ -376,6 +376,50 @@ impl RedisServer {
         matches!(info.first(), Some(redis::Value::Array(_)))
     }
 
+    /// Whether the server has `key` (`EXISTS`), as a primary or a replica.
+    pub fn has_key(&self, key: &str) -> bool {
+        let found: u32 = redis::cmd("EXISTS")
+            .arg(key)
+            .query(&mut self.connection())
+            .expect("EXISTS");
+        found == 1
+    }
+
+    /// The server's role and what it keeps under the keys that match `pattern`, each
+    /// with its type, time to live and value: for the report of a failing test.
+    pub fn describe(&self, pattern: &str) -> String {
+        let connection = self
+            .client_for(&self.url())
+            .get_connection_with_timeout(SETUP_ANSWER_BOUND);
+        let described = connection.and_then(|mut connection| {
+            let ask = |connection: &mut redis::Connection, words: &[&str]| {
+                redis::cmd(words[0])
+                    .arg(&words[1..])
+                    .query::<redis::Value>(connection)
+            };
+            // A Cluster replica answers reads only once asked to.
+            let _ = ask(&mut connection, &["READONLY"]);
+            let role = ask(&mut connection, &["ROLE"])?;
+            let keys: Vec<String> =
+                redis::from_redis_value(ask(&mut connection, &["KEYS", pattern])?)?;
+            let mut described = format!("port {}, {role:?}", self.port);
+            for key in keys {
+                let kind: String = redis::from_redis_value(ask(&mut connection, &["TYPE", &key])?)?;
+                let read: &[&str] = match &kind[..] {
+                    "string" => &["GET", &key],
+                    "hash" => &["HGETALL", &key],
+                    "zset" => &["ZRANGE", &key, "0", "-1", "WITHSCORES"],
+                    _ => &["PTTL", &key],
+                };
+                let value = ask(&mut connection, read)?;
+                let pttl = ask(&mut connection, &["PTTL", &key])?;
+                described += &format!("; {key} ({kind}, PTTL {pttl:?}): {value:?}");
+            }
+            Ok(described)
+        });
+        described.unwrap_or_else(|error| format!("port {}: {error}", self.port))
+    }
+
     /// Watches what clients send the server (`MONITOR`), not what scripts run, until
     /// the watch is stopped.
     pub fn monitor(&self) -> Monitor {

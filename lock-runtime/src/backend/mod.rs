@@ -19,6 +19,7 @@ mod signals;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::redis::ConnectionAddr;
 use tokio::runtime::Handle;
 use tokio::sync::{Mutex, watch};
 
@@ -232,12 +233,20 @@ impl Backend {
             })
         };
         let runtime = Handle::current();
+        let reached = self.releases_at();
         let attempt = self
             .background
             .finishing(&runtime, request, claim.clone())
             .await;
-        if attempt.is_err() {
-            self.background.spawn_on(&runtime, claim.withdraw());
+        match &attempt {
+            Err(_) => {
+                self.background.spawn_on(&runtime, claim.withdraw());
+            }
+            // Given back on the server that made the grant: followed as a release is.
+            Ok(Attempt::GivenBack { .. } | Attempt::Unreplicated(_)) => {
+                self.check_release(name.clone(), token.clone(), lease, reached);
+            }
+            Ok(_) => {}
         }
         attempt
     }
@@ -319,6 +328,7 @@ impl Backend {
     ) -> Finishing<Result<Released, LockError>, NothingMore> {
         let backend = self.clone();
         let request = Box::pin(async move {
+            let reached = backend.releases_at();
             let released = match keep {
                 Some(keep) => match Box::pin(backend.renew(&name, &token, keep)).await {
                     Ok(true) => Ok(Released::Freed),
@@ -329,20 +339,36 @@ impl Backend {
             };
             after(&released);
             if keep.is_none() && released.is_ok() {
-                backend.check_release(name, token, lease);
+                backend.check_release(name, token, lease, reached);
             }
             released
         });
         self.background.finishing(runtime, request, NothingMore)
     }
 
-    /// Through Sentinel, has the release `token` just had on `name` sent again until
-    /// they vouch for the server that answered it (`RedisNode::release_where_named`).
-    fn check_release(self: &Arc<Self>, name: LockName, token: Arc<str>, lease: Duration) {
-        let Store::Redis(node) = &self.store else {
-            return;
-        };
-        let (Some(reached), Ok(runtime)) = (node.releases_at(), Handle::try_current()) else {
+    /// Through Sentinel, where a release sent now goes. Read before it is sent: were
+    /// the connection made anew meanwhile, the release went to the new server, and
+    /// following it only sends it there again, which frees nothing more, since its
+    /// token is used no more. Read after, a switch between the answer and the read
+    /// would pass a release the old primary answered for one the new one did.
+    fn releases_at(&self) -> Option<Option<ConnectionAddr>> {
+        match &self.store {
+            Store::Redis(node) => node.releases_at(),
+            Store::Memory(_) | Store::Redlock(_) => None,
+        }
+    }
+
+    /// Through Sentinel, has the release `token` just had on `name`, sent to
+    /// `reached`, sent again until they vouch for the server that answered it
+    /// (`RedisNode::release_where_named`).
+    fn check_release(
+        self: &Arc<Self>,
+        name: LockName,
+        token: Arc<str>,
+        lease: Duration,
+        reached: Option<Option<ConnectionAddr>>,
+    ) {
+        let (Some(reached), Ok(runtime)) = (reached, Handle::try_current()) else {
             return;
         };
         let backend = self.clone();
@@ -482,10 +508,11 @@ impl Claim {
     /// lease it asked for: the token is used no more, so sending it again frees
     /// nothing but this grant.
     async fn withdraw(self) {
+        let reached = self.backend.releases_at();
         let left = self.backend.leave(&self.name, &self.token).await;
         if let Ok(Released::Freed) = left {
             self.backend
-                .check_release(self.name, self.token, self.lease);
+                .check_release(self.name, self.token, self.lease, reached);
         }
     }
 }
