@@ -71,10 +71,7 @@ impl Failover {
     /// Every server's role and copy of the keys that hold `key`.
     fn describe(&self, key: &str) -> String {
         let servers: Vec<&RedisServer> = match self {
-            Failover::Sentinel(group) => std::iter::once(&group.primary)
-                .chain([&group.replica])
-                .chain(&group.more_replicas)
-                .collect(),
+            Failover::Sentinel(group) => group.servers().collect(),
             Failover::Cluster { cluster, .. } => cluster.servers.iter().collect(),
         };
         let pattern = format!("*{key}*");

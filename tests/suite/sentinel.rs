@@ -361,9 +361,11 @@ async fn a_grant_given_back_unvouched_through_a_switch_is_given_back_on_the_new_
         let once = LockOptions::new().spin(false);
         granting.acquire("ledger-close", &once).await
     });
-    let replicas = || std::iter::once(&group.replica).chain(&group.more_replicas);
     let asked_at = Instant::now();
-    while !replicas().all(|replica| replica.has_key("lock:{ledger-close}")) {
+    while !group
+        .replicas()
+        .all(|replica| replica.has_key("lock:{ledger-close}"))
+    {
         assert!(
             asked_at.elapsed() < Duration::from_secs(3),
             "the grant did not reach every replica within 3 s"

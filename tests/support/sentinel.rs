@@ -128,11 +128,12 @@ impl SentinelGroup {
     }
 
     /// The primary and the replicas.
-    fn servers(&self) -> impl Iterator<Item = &RedisServer> {
+    pub fn servers(&self) -> impl Iterator<Item = &RedisServer> {
         std::iter::once(&self.primary).chain(self.replicas())
     }
 
-    fn replicas(&self) -> impl Iterator<Item = &RedisServer> {
+    /// `replica` and `more_replicas`.
+    pub fn replicas(&self) -> impl Iterator<Item = &RedisServer> {
         std::iter::once(&self.replica).chain(&self.more_replicas)
     }
 
