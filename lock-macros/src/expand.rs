@@ -107,7 +107,8 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
         }
     };
     // The cast, spanned over the key, is the one place a value that is not `Display`
-    // is reported.
+    // is reported. It casts a reference to the reference, which is sized, so that a
+    // key of an unsized type (`*name` of a `&str`, `name[..3]`) is taken as well.
     let parts = options
         .keys
         .iter()
@@ -118,7 +119,7 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
                 follow_self(part.tokens()),
             );
             expr.set_span(part.last);
-            let open = quote_spanned!(part.first=> &);
+            let open = quote_spanned!(part.first=> &&);
             let cast = respan(quote!(as &dyn ::core::fmt::Display), part.last);
             quote!(.part(#open #expr #cast))
         });

@@ -1,6 +1,7 @@
 //! Keys written as code, `keys(req.id, req.region)`, name the same lock as the same
 //! keys written in strings; and keys are Rust expressions of any kind over the
-//! parameters, where the names that are not parameters are the compiler's to judge.
+//! parameters, of any `Display` type, sized or not, where the names that are not
+//! parameters are the compiler's to judge.
 
 use lock_runtime::{LockClient, LockError, LockOptions, distributed_lock};
 
@@ -109,6 +110,11 @@ async fn closures_blocks_and_captures(id: u64) -> Result<String, LockError> {
     Ok(lock.key().to_owned())
 }
 
+#[distributed_lock(prefix = "unsized", keys(*name, name[..3]), guard = lock)]
+async fn unsized_keys(name: &str) -> Result<String, LockError> {
+    Ok(lock.key().to_owned())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let client = LockClient::memory();
@@ -138,5 +144,9 @@ async fn main() {
     assert_eq!(
         closures_blocks_and_captures(5).await.unwrap(),
         "forms:6:10:5-3:10"
+    );
+    assert_eq!(
+        unsized_keys("london").await.unwrap(),
+        "unsized:london:lon"
     );
 }
