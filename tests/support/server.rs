@@ -405,15 +405,17 @@ impl RedisServer {
             let mut described = format!("port {}, {role:?}", self.port);
             for key in keys {
                 let kind: String = redis::from_redis_value(ask(&mut connection, &["TYPE", &key])?)?;
-                let read: &[&str] = match &kind[..] {
-                    "string" => &["GET", &key],
-                    "hash" => &["HGETALL", &key],
-                    "zset" => &["ZRANGE", &key, "0", "-1", "WITHSCORES"],
-                    _ => &["PTTL", &key],
+                let read: Option<&[&str]> = match &kind[..] {
+                    "string" => Some(&["GET", &key]),
+                    "hash" => Some(&["HGETALL", &key]),
+                    "zset" => Some(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]),
+                    _ => None,
                 };
-                let value = ask(&mut connection, read)?;
                 let pttl = ask(&mut connection, &["PTTL", &key])?;
-                described += &format!("; {key} ({kind}, PTTL {pttl:?}): {value:?}");
+                described += &format!("; {key} ({kind}, PTTL {pttl:?})");
+                if let Some(read) = read {
+                    described += &format!(": {:?}", ask(&mut connection, read)?);
+                }
             }
             Ok(described)
         });
