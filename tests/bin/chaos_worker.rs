@@ -5,14 +5,17 @@
 //! `until`, so a yes covers it), `kind` being `exclusive`, `shared` or `permit`. A
 //! key given as `<key>=<ms>` is held that long in each section (past the lease for
 //! one that only the watchdog should keep); its sections also print `enter <key>` as
-//! they begin. Other keys are held for 1 ms. Keys are taken exclusive, with a fencing
+//! they begin. Other keys are held for 1 ms. Every other section extends its lease
+//! halfway through, so that `extend` (one `SET … IFEQ` on servers that have it) meets
+//! the faults as the watchdog's renewals do. Keys are taken exclusive, with a fencing
 //! token; one ending in `/permits=<n>` is a semaphore of that many permits, and one
 //! ending in `/read-write` is taken shared, but exclusive every fourth section: those
 //! have no token, and print 0. An acquisition that fails prints
 //! `failed <key> <at ns> <what>`, `what` being the error's kind in one word. Each
 //! warning the client logs about a key prints `warned <key> <at ns> <what>`, `what`
 //! being the message up to its first `;` and, in parentheses, the same of the error's
-//! innermost cause when the warning carries an error.
+//! innermost cause when the warning carries an error; an `extend` that fails prints
+//! `warned <key> <at ns> extend: <what>`, `what` as for an acquisition.
 //!
 //! Usage: `chaos-worker <keys,comma,separated> <tasks per key> <topology>`,
 //! the topology being one of `redis <url>`, `cluster <url,url,..>`,
@@ -26,6 +29,8 @@ use lock_runtime::{ClientConfig, LockClient, LockError, LockOptions};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
+
+const LEASE: Duration = Duration::from_millis(300);
 
 const USAGE: &str = "usage: chaos-worker <key[=ms][/permits=N|/read-write],..> <tasks per key> \
                      (redis <url> | cluster <urls> | sentinel <urls> <primary name> | redlock <urls>)";
@@ -211,7 +216,7 @@ async fn main() {
     };
     let options = LockOptions::new()
         .fencing(true)
-        .lease(Duration::from_millis(300))
+        .lease(LEASE)
         .watchdog(true)
         .retry_wait(Duration::from_millis(20))
         .timeout(Duration::from_secs(2));
@@ -245,7 +250,15 @@ async fn main() {
                     if hold.is_some() {
                         say(&format!("enter {key}\n"));
                     }
-                    tokio::time::sleep(hold.unwrap_or(Duration::from_millis(1))).await;
+                    let hold = hold.unwrap_or(Duration::from_millis(1));
+                    tokio::time::sleep(hold / 2).await;
+                    if section % 2 == 1
+                        && let Err(error) = guard.extend(LEASE).await
+                    {
+                        let what = what_failed(&error);
+                        say(&format!("warned {key} {} extend: {what}\n", nanos_now()));
+                    }
+                    tokio::time::sleep(hold - hold / 2).await;
                     let until = nanos_now();
                     let held = guard.is_held();
                     let token = guard.fencing_token().unwrap_or(0);
