@@ -136,18 +136,18 @@ pub(crate) struct Options {
     pub(crate) prefix: Option<Setting<Given<LitStr>>>,
     /// Each key expression; parsed from a string, its tokens carry the string's span.
     pub(crate) keys: Option<Setting<Vec<Code<Expr>>>>,
-    pub(crate) spin: Option<Setting<bool>>,
+    pub(crate) spin: Option<Setting<Given<bool>>>,
     pub(crate) retries: Option<Setting<Given<u32>>>,
     pub(crate) wait_ms: Option<Setting<Given<u64>>>,
     pub(crate) timeout_ms: Option<Setting<Given<u64>>>,
     pub(crate) expire_ms: Option<Setting<Given<u64>>>,
     pub(crate) max_hold_ms: Option<Setting<Given<u64>>>,
     pub(crate) hold_at_least_ms: Option<Setting<Given<u64>>>,
-    pub(crate) watchdog: Option<Setting<bool>>,
-    pub(crate) reentrant: Option<Setting<bool>>,
-    pub(crate) fencing: Option<Setting<bool>>,
+    pub(crate) watchdog: Option<Setting<Given<bool>>>,
+    pub(crate) reentrant: Option<Setting<Given<bool>>>,
+    pub(crate) fencing: Option<Setting<Given<bool>>>,
     pub(crate) permits: Option<Setting<Given<u32>>>,
-    pub(crate) shared: Option<Setting<bool>>,
+    pub(crate) shared: Option<Setting<Given<bool>>>,
     pub(crate) multi: Option<Setting<bool>>,
     pub(crate) guard: Option<Setting<Ident>>,
     pub(crate) client: Option<Setting<Code<Expr>>>,
@@ -191,7 +191,7 @@ impl Parse for Options {
             } else if lookahead.peek(kw::shared) {
                 set::<kw::shared, _>(input, &mut options.shared, opt_in)?;
             } else if lookahead.peek(kw::multi) {
-                set::<kw::multi, _>(input, &mut options.multi, opt_in)?;
+                set::<kw::multi, _>(input, &mut options.multi, multi)?;
             } else if lookahead.peek(kw::guard) {
                 set::<kw::guard, _>(input, &mut options.guard, guard)?;
             } else if lookahead.peek(kw::client) && input.peek2(token::Paren) {
@@ -460,25 +460,57 @@ fn keys(name: &str, expr: &Expr) -> syn::Result<Vec<Code<Expr>>> {
 }
 
 /// A switch that is on unless turned off: its example says `false`.
-fn boolean(name: &str, expr: &Expr) -> syn::Result<bool> {
+fn boolean(name: &str, expr: &Expr) -> syn::Result<Given<bool>> {
     switch(name, expr, false)
 }
 
 /// A switch that is off unless turned on: its example says `true`.
-fn opt_in(name: &str, expr: &Expr) -> syn::Result<bool> {
+fn opt_in(name: &str, expr: &Expr) -> syn::Result<Given<bool>> {
     switch(name, expr, true)
 }
 
-fn switch(name: &str, expr: &Expr, example: bool) -> syn::Result<bool> {
+fn switch(name: &str, expr: &Expr, example: bool) -> syn::Result<Given<bool>> {
+    if let Some(path) = constant(expr) {
+        return Ok(Given::Named(path));
+    }
+    written_switch(expr).map(Given::Written).ok_or_else(|| {
+        syn::Error::new_spanned(
+            expr,
+            format!(
+                "`{name}` takes `true` or `false`, like `{name} = {example}`, or the name of a \
+                 `bool` constant"
+            ),
+        )
+    })
+}
+
+/// `multi` decides the code written for the fn, one lock or one per key, so it is
+/// written out: a constant has its value only once that code is compiled.
+fn multi(name: &str, expr: &Expr) -> syn::Result<bool> {
+    match written_switch(expr) {
+        Some(value) => Ok(value),
+        None if constant(expr).is_some() => Err(syn::Error::new_spanned(
+            expr,
+            format!(
+                "`{name}` takes `true` or `false` written out, like `{name} = true`, not a \
+                 constant: it decides whether the fn takes one lock or one lock per key, which \
+                 is settled before a constant has its value"
+            ),
+        )),
+        None => Err(syn::Error::new_spanned(
+            expr,
+            format!("`{name}` takes `true` or `false`, like `{name} = true`"),
+        )),
+    }
+}
+
+fn written_switch(expr: &Expr) -> Option<bool> {
     match expr {
         Expr::Lit(ExprLit {
             lit: Lit::Bool(lit),
             ..
-        }) => Ok(lit.value),
-        _ => Err(syn::Error::new_spanned(
-            expr,
-            format!("`{name}` takes `true` or `false`, like `{name} = {example}`"),
-        )),
+        }) => Some(lit.value),
+        _ => None,
     }
 }
 

@@ -127,7 +127,7 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
     let mut setters = TokenStream::new();
     let millis = |millis: &Given<u64>| quote!(::core::time::Duration::from_millis(#millis));
     if let Some(spin) = &options.spin {
-        let spin = spin.value;
+        let spin = &spin.value;
         setters.extend(quote!(.spin(#spin)));
     }
     if let Some(retries) = &options.retries {
@@ -155,15 +155,15 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
         setters.extend(quote!(.hold_at_least(#window)));
     }
     if let Some(watchdog) = &options.watchdog {
-        let watchdog = watchdog.value;
+        let watchdog = &watchdog.value;
         setters.extend(quote!(.watchdog(#watchdog)));
     }
     if let Some(reentrant) = &options.reentrant {
-        let reentrant = reentrant.value;
+        let reentrant = &reentrant.value;
         setters.extend(quote!(.reentrant(#reentrant)));
     }
     if let Some(fencing) = &options.fencing {
-        let fencing = fencing.value;
+        let fencing = &fencing.value;
         setters.extend(quote!(.fencing(#fencing)));
     }
     if let Some(permits) = &options.permits {
@@ -171,7 +171,7 @@ pub(crate) fn expand(options: &Options, function: Function, returns: &Returns) -
         setters.extend(quote!(.permits(#permits)));
     }
     if let Some(shared) = &options.shared {
-        let shared = shared.value;
+        let shared = &shared.value;
         setters.extend(quote!(.shared(#shared)));
     }
 

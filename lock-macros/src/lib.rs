@@ -82,12 +82,14 @@ use syn::ItemFn;
 ///
 /// Each option is given at most once, as `name = value` (`keys` also as `keys(..)`),
 /// separated by commas. Times (`*_ms`) are whole milliseconds, at least 1, written
-/// without a suffix. A count or a time may also be the name of a constant, by a path
-/// that ends in a capital (`timeout_ms = PAYMENT_TIMEOUT_MS`, a `u64`; `retries` and
-/// `permits` take a `u32`): the compiler checks its type there, and the runtime
+/// without a suffix. A count, a time, or a `true`/`false` option other than `multi`
+/// may also be the name of a constant, by a path that ends in a capital
+/// (`timeout_ms = PAYMENT_TIMEOUT_MS`, a `u64`; `retries` and `permits` take a `u32`,
+/// `spin = FAIL_FAST` a `bool`): the compiler checks its type there, and the runtime
 /// checks its value on every call as it checks `LockOptions`: a value the attribute
 /// would refuse written out fails with `LockError::InvalidOptions`, except a zero
-/// `timeout_ms`, which tries once without waiting.
+/// `timeout_ms`, which tries once without waiting. `multi` decides the code written
+/// for the fn, so it is written out.
 ///
 /// ## `prefix = "name"` or `prefix = CONSTANT`
 ///

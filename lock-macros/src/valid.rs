@@ -168,9 +168,15 @@ fn infer_in(ty: &mut Type) {
     }
 }
 
+/// Options that contradict each other as written. A value named by a constant is the
+/// runtime's to check, on every call.
 fn contradictions(options: &Options) -> Vec<syn::Error> {
     let mut errors = Vec::new();
-    if options.spin.as_ref().is_some_and(|spin| !spin.value) {
+    if options
+        .spin
+        .as_ref()
+        .is_some_and(|spin| spin.value.written() == Some(&false))
+    {
         let never_applies = |name: &str| {
             format!(
                 "`{name}` never applies with `spin = false`, which fails at once when the \
@@ -194,35 +200,33 @@ fn contradictions(options: &Options) -> Vec<syn::Error> {
         errors.extend(waiting.into_iter().flatten());
     }
     if let Some(max_hold) = &options.max_hold_ms {
-        let watchdog = options.watchdog.as_ref().map(|watchdog| watchdog.value);
-        if watchdog == Some(false) {
-            errors.push(max_hold.error(
+        match options.watchdog.as_ref().map(|watchdog| &watchdog.value) {
+            Some(Given::Written(false)) => errors.push(max_hold.error(
                 "`max_hold_ms` caps the watchdog, which `watchdog = false` turns off; \
                  drop one of them",
-            ));
-        } else if watchdog.is_none() && options.expire_ms.is_some() {
-            errors.push(max_hold.error(
+            )),
+            None if options.expire_ms.is_some() => errors.push(max_hold.error(
                 "`max_hold_ms` caps the watchdog, which is off with a fixed `expire_ms`; \
                  add `watchdog = true` or drop `max_hold_ms`",
-            ));
+            )),
+            _ => {}
         }
     }
     if let Some(window) = &options.hold_at_least_ms
         && let Some(&window_ms) = window.value.written()
     {
         // As the runtime settles them: without `expire_ms`, a 30 s lease that the
-        // watchdog renews unless `watchdog = false`. A lease named by a constant is
-        // the runtime's to compare.
+        // watchdog renews unless `watchdog = false`.
         let lease = options.expire_ms.as_ref().map(|lease| &lease.value);
         let lease_ms = match lease {
             Some(lease) => lease.written().copied(),
             None => Some(WATCHDOG_LEASE_MS),
         };
-        let watchdog = options
-            .watchdog
-            .as_ref()
-            .map_or(lease.is_none(), |watchdog| watchdog.value);
-        if !watchdog && lease_ms.is_some_and(|lease_ms| window_ms > lease_ms) {
+        let watchdog = match &options.watchdog {
+            Some(watchdog) => watchdog.value.written().copied(),
+            None => Some(lease.is_none()),
+        };
+        if watchdog == Some(false) && lease_ms.is_some_and(|lease_ms| window_ms > lease_ms) {
             errors.push(window.error(match lease {
                 Some(_) => {
                     "`hold_at_least_ms` is longer than the fixed lease of `expire_ms`, which would \
@@ -247,7 +251,6 @@ fn family(options: &Options) -> Vec<syn::Error> {
     let mut errors = Vec::new();
     let shared = on(&options.shared);
     // `permits = 1` is a plain lock, which does have a shared side.
-    // A count named by a constant is the runtime's to check.
     let semaphore = options
         .permits
         .as_ref()
@@ -276,7 +279,7 @@ fn family(options: &Options) -> Vec<syn::Error> {
             ));
         }
     }
-    if let Some(multi) = on(&options.multi)
+    if let Some(multi) = options.multi.as_ref().filter(|multi| multi.value)
         && options.keys.is_none()
     {
         errors.push(multi.error(
@@ -287,9 +290,11 @@ fn family(options: &Options) -> Vec<syn::Error> {
     errors
 }
 
-/// A `name = true` option as written; `None` when absent or `false`.
-fn on(setting: &Option<Setting<bool>>) -> Option<&Setting<bool>> {
-    setting.as_ref().filter(|setting| setting.value)
+/// A `name = true` option as written; `None` when absent, `false`, or named.
+fn on(setting: &Option<Setting<Given<bool>>>) -> Option<&Setting<Given<bool>>> {
+    setting
+        .as_ref()
+        .filter(|setting| setting.value.written() == Some(&true))
 }
 
 /// A key must use a parameter: one that uses none would be the same on every call.

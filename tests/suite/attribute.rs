@@ -615,10 +615,51 @@ async fn options_named_by_constants_apply_as_written_ones() {
     release.await.unwrap().unwrap();
 }
 
+const FAIL_FAST: bool = false;
+const READS: bool = true;
+
+#[distributed_lock(client = "locks", prefix = "named-fail-fast", spin = FAIL_FAST)]
+async fn fail_fast(locks: &LockClient) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(client = "locks", prefix = "named-reads", shared = READS)]
+async fn read_report(locks: LockClient, overlap: Arc<Overlap>) -> Result<(), LockError> {
+    overlap.section(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switches_named_by_constants_apply_as_written_ones() {
+    let redis = RedisServer::start();
+    assert!(
+        most_at_once(&redis, read_report).await > 1,
+        "with `shared = READS`, readers hold the lock together"
+    );
+
+    let clients = two_clients(&redis).await;
+    let held = clients[0]
+        .acquire("named-fail-fast", &lock_runtime::LockOptions::new())
+        .await
+        .unwrap();
+    match fail_fast(&clients[1]).await {
+        Err(LockError::Busy { key, .. }) => assert_eq!(key, "named-fail-fast"),
+        other => panic!("`spin = FAIL_FAST` fails at once with Busy, got {other:?}"),
+    }
+    held.release().await.unwrap();
+}
+
 const NO_SEATS: u32 = 0;
 
 #[distributed_lock(client = "locks", prefix = "unseated", permits = NO_SEATS)]
 async fn unseated(locks: &LockClient, ran: &AtomicBool) -> Result<(), LockError> {
+    ran.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Written out, `spin = false` with `retries` would be refused at compile time.
+#[distributed_lock(client = "locks", prefix = "impatient", spin = FAIL_FAST, retries = 3)]
+async fn impatient(locks: &LockClient, ran: &AtomicBool) -> Result<(), LockError> {
     ran.store(true, Ordering::SeqCst);
     Ok(())
 }
@@ -633,6 +674,13 @@ async fn a_constant_refused_written_out_is_refused_on_every_call() {
             Err(LockError::InvalidOptions { key, reason, .. }) => {
                 assert_eq!(key, "unseated");
                 assert!(reason.contains("`permits` must be at least 1"), "{reason}");
+            }
+            other => panic!("expected InvalidOptions, got {other:?}"),
+        }
+        match impatient(&locks, &ran).await {
+            Err(LockError::InvalidOptions { key, reason, .. }) => {
+                assert_eq!(key, "impatient");
+                assert!(reason.contains("`spin(false)` fails at once"), "{reason}");
             }
             other => panic!("expected InvalidOptions, got {other:?}"),
         }

@@ -93,6 +93,30 @@ async fn named() -> Result<(), LockError> {
     Ok(())
 }
 
+mod switches {
+    pub const FAIL_FAST: bool = false;
+    pub const READS: bool = true;
+}
+const RENEWED: bool = true;
+const REENTRANT: bool = false;
+const FENCED: bool = true;
+
+// Switches named by constants.
+#[distributed_lock(
+    spin = switches::FAIL_FAST,
+    watchdog = RENEWED,
+    reentrant = REENTRANT,
+    fencing = FENCED
+)]
+async fn switched() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[distributed_lock(shared = switches::READS)]
+async fn switched_to_reading() -> Result<(), LockError> {
+    Ok(())
+}
+
 fn assert_send<T: Send>(_: T) {}
 
 fn main() {
@@ -103,6 +127,8 @@ fn main() {
     assert_send(deadline_only());
     assert_send(r#type());
     assert_send(named());
+    assert_send(switched());
+    assert_send(switched_to_reading());
     assert_send(through_a_reexport());
 }
 
