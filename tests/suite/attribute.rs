@@ -649,6 +649,57 @@ async fn switches_named_by_constants_apply_as_written_ones() {
     held.release().await.unwrap();
 }
 
+const FENCED: bool = true;
+const RENEWED: bool = true;
+const ONCE_ONLY: bool = false;
+
+#[distributed_lock(client = "locks", prefix = "named-fenced", fencing = FENCED, guard = lock)]
+async fn fenced(locks: &LockClient) -> Result<Option<u64>, LockError> {
+    Ok(lock.fencing_token())
+}
+
+/// Held three leases long while `other` tries the lock.
+#[distributed_lock(client = "locks", prefix = "named-renewed", expire_ms = 300, watchdog = RENEWED)]
+async fn renewed(locks: &LockClient, other: &LockClient) -> Result<bool, LockError> {
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let tried = other
+        .acquire(
+            "named-renewed",
+            &lock_runtime::LockOptions::new().spin(false),
+        )
+        .await;
+    Ok(matches!(tried, Err(LockError::Busy { .. })))
+}
+
+#[distributed_lock(client = "locks", prefix = "named-once", reentrant = ONCE_ONLY)]
+async fn once_only(locks: &LockClient, depth: u32) -> Result<(), LockError> {
+    if depth > 0 {
+        Box::pin(once_only(locks, depth - 1)).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_other_switches_named_by_constants_apply_as_written_ones() {
+    let redis = RedisServer::start();
+    let clients = two_clients(&redis).await;
+    let first = fenced(&clients[0]).await.unwrap();
+    let second = fenced(&clients[1]).await.unwrap();
+    assert!(
+        first.is_some() && second > first,
+        "`fencing = FENCED` gives growing tokens, got {first:?} then {second:?}"
+    );
+    assert!(
+        renewed(&clients[0], &clients[1]).await.unwrap(),
+        "`watchdog = RENEWED` keeps a 300 ms lease held for 900 ms"
+    );
+    once_only(&clients[0], 0).await.unwrap();
+    match once_only(&clients[0], 1).await {
+        Err(LockError::Reentered { key, .. }) => assert_eq!(key, "named-once"),
+        other => panic!("`reentrant = ONCE_ONLY` refuses re-entry, got {other:?}"),
+    }
+}
+
 const NO_SEATS: u32 = 0;
 
 #[distributed_lock(client = "locks", prefix = "unseated", permits = NO_SEATS)]
