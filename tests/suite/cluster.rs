@@ -4,7 +4,8 @@
 //! while one primary is silent; a lock is confirmed where its slot moved, and so are
 //! those confirmed beside it; a client that connects while a replica is down waits
 //! for it; a failover from a primary gone silent is followed while it stays silent,
-//! by requests and by waiters.
+//! by requests and by waiters. A Cluster of one node, which lists itself with no
+//! address, serves locks as well.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -326,6 +327,62 @@ async fn a_primary_gone_silent_is_followed_to_the_replica_promoted() {
     let key = "invoice:silent";
     let (cluster, ..) = a_shard_to_silence(key);
     follows_a_silent_primary(&cluster, &cluster.urls(), ClientConfig::new(), key).await;
+}
+
+/// A Cluster of one node, which lists itself with no address (as a node that never
+/// met another does): two clients keep a hot key's sections apart, with growing
+/// tokens, and lock again once the node, silent for a while, answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_of_one_node_that_lists_no_address_locks() {
+    let cluster = RedisCluster::start_alone();
+    let config = quick_to_see_silence(ClientConfig::new());
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let client = LockClient::cluster_with(cluster.urls(), config.clone()).await;
+        clients.push(client.expect("a client of a one-node Cluster"));
+    }
+    let history = Arc::new(History::new());
+    let options = LockOptions::new()
+        .fencing(true)
+        .timeout(Duration::from_secs(10));
+    let tasks: Vec<_> = (0..8)
+        .map(|task| {
+            let (client, history) = (clients[task % 2].clone(), history.clone());
+            let options = options.clone();
+            tokio::spawn(async move {
+                for _ in 0..25 {
+                    let guard = client.acquire("alone", &options).await.unwrap();
+                    let from = SystemTime::now();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    history.record_guard(format!("task {task}"), &guard, from);
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(history.check().unwrap(), 200);
+
+    let node = &cluster.servers[0];
+    node.freeze();
+    let while_silent = clients[0]
+        .acquire("alone", &options.clone().timeout(Duration::from_secs(1)))
+        .await;
+    node.thaw();
+    assert!(while_silent.is_err(), "granted by a frozen node");
+    let answered = Instant::now();
+    let guard = loop {
+        match clients[1].acquire("alone", &options).await {
+            Ok(guard) => break guard,
+            Err(error) if answered.elapsed() > Duration::from_secs(10) => {
+                panic!("no grant 10 s after the node answered again: {error}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    guard.release().await.unwrap();
 }
 
 /// `config` with the bounds of a client that meets a silent primary: a request to

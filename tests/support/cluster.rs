@@ -42,6 +42,25 @@ impl RedisCluster {
         Self::start_as(None, None, 0)
     }
 
+    /// One primary serving every slot, with no replica, as a developer's Cluster
+    /// often is. Never having met another node, it does not know its own address, so
+    /// it lists itself with an empty one.
+    pub fn start_alone() -> RedisCluster {
+        let server = RedisServer::start_with(&NODE_CONFIG);
+        let () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTSRANGE")
+            .arg(0)
+            .arg(16383)
+            .query(&mut server.connection())
+            .expect("CLUSTER ADDSLOTSRANGE");
+        let cluster = RedisCluster {
+            servers: vec![server],
+            replicated: false,
+        };
+        cluster.wait_until_ok();
+        cluster
+    }
+
     /// Starts a node and makes it a replica of the primary `servers[primary]`, as an
     /// operator scales a shard out; waits until it is in sync and every node lists
     /// it. Returns its place in `servers`.
