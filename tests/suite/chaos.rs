@@ -970,6 +970,10 @@ fn summary(
     if let Some(failed) = tally(failures.iter().map(|f| f.what.as_str())) {
         text.push_str(&format!("\n  acquisitions failed: {failed}"));
     }
+    let extends = warnings.iter().map(|w| w.what.strip_prefix("extend: "));
+    if let Some(failed) = tally(extends.flatten()) {
+        text.push_str(&format!("\n  extends failed: {failed}"));
+    }
     let recoveries: Vec<String> = injected
         .iter()
         .filter(|f| f.fault.moves_the_primary())
