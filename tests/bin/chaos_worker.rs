@@ -10,7 +10,11 @@
 //! the faults as the watchdog's renewals do. Keys are taken exclusive, with a fencing
 //! token; one ending in `/permits=<n>` is a semaphore of that many permits, and one
 //! ending in `/read-write` is taken shared, but exclusive every fourth section: those
-//! have no token, and print 0. An acquisition that fails prints
+//! have no token, and print 0. One ending in `/window=<ms>` is taken as a job run
+//! once per window is: fail-fast, held at least that long (`hold_at_least`), tried
+//! again a quarter window after `Busy`; a section whose release answered `Ok` prints
+//! as its end the window's, counted from when it asked, unless it ended later. An
+//! acquisition that fails prints
 //! `failed <key> <at ns> <what>`, `what` being the error's kind in one word. Each
 //! warning the client logs about a key prints `warned <key> <at ns> <what>`, `what`
 //! being the message up to its first `;` and, in parentheses, the same of the error's
@@ -32,7 +36,7 @@ use tracing::{Event, Level, Metadata, Subscriber};
 
 const LEASE: Duration = Duration::from_millis(300);
 
-const USAGE: &str = "usage: chaos-worker <key[=ms][/permits=N|/read-write],..> <tasks per key> \
+const USAGE: &str = "usage: chaos-worker <key[=ms][/permits=N|/read-write|/window=ms],..> <tasks per key> \
                      (redis <url> | cluster <urls> | sentinel <urls> <primary name> | redlock <urls>)";
 
 fn nanos_now() -> u128 {
@@ -142,6 +146,8 @@ enum Take {
     Permits(u32),
     /// Shared, and exclusive every fourth section.
     ReadWrite,
+    /// Fail-fast, and held at least this long.
+    Window(Duration),
 }
 
 impl Take {
@@ -149,6 +155,9 @@ impl Take {
         match kind {
             "exclusive" => Take::Exclusive,
             "read-write" => Take::ReadWrite,
+            window if window.starts_with("window=") => Take::Window(Duration::from_millis(
+                window["window=".len()..].parse().expect("window=<ms>"),
+            )),
             permits => Take::Permits(
                 permits
                     .strip_prefix("permits=")
@@ -161,9 +170,19 @@ impl Take {
     /// The options of the `number`th section, from the exclusive and fenced
     /// `options`, and what it holds.
     fn section(self, options: &LockOptions, number: u64) -> (LockOptions, &'static str) {
-        let family = || options.clone().fencing(false);
+        let patient = || {
+            options
+                .clone()
+                .retry_wait(Duration::from_millis(20))
+                .timeout(Duration::from_secs(2))
+        };
+        let family = || patient().fencing(false);
         match self {
-            Take::Exclusive => (options.clone(), "exclusive"),
+            Take::Exclusive => (patient(), "exclusive"),
+            Take::Window(window) => (
+                options.clone().spin(false).hold_at_least(window),
+                "exclusive",
+            ),
             Take::Permits(permits) => (family().permits(permits), "permit"),
             Take::ReadWrite if number % 4 == 3 => (family(), "exclusive"),
             Take::ReadWrite => (family().shared(true), "shared"),
@@ -214,12 +233,7 @@ async fn main() {
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     };
-    let options = LockOptions::new()
-        .fencing(true)
-        .lease(LEASE)
-        .watchdog(true)
-        .retry_wait(Duration::from_millis(20))
-        .timeout(Duration::from_secs(2));
+    let options = LockOptions::new().fencing(true).lease(LEASE).watchdog(true);
     let mut workers = tokio::task::JoinSet::new();
     for key in keys.split(',') {
         let (key, kind) = key.split_once('/').unwrap_or((key, "exclusive"));
@@ -237,6 +251,10 @@ async fn main() {
                     let guard = match client.acquire(&key, &options).await {
                         Ok(guard) => guard,
                         Err(error) => {
+                            if let (LockError::Busy { .. }, Take::Window(window)) = (&error, take) {
+                                tokio::time::sleep(window / 4).await;
+                                continue;
+                            }
                             let what = what_failed(&error);
                             say(&format!("failed {key} {} {what}\n", nanos_now()));
                             // As a service would: a client whose Redis is down fails
@@ -259,10 +277,13 @@ async fn main() {
                         say(&format!("warned {key} {} extend: {what}\n", nanos_now()));
                     }
                     tokio::time::sleep(hold - hold / 2).await;
-                    let until = nanos_now();
+                    let mut until = nanos_now();
                     let held = guard.is_held();
                     let token = guard.fencing_token().unwrap_or(0);
-                    let _ = guard.release().await;
+                    let released = guard.release().await;
+                    if let (Take::Window(window), Ok(())) = (take, released) {
+                        until = until.max(asked + window.as_nanos());
+                    }
                     say(&format!(
                         "{key} {token} {asked} {from} {until} {held} {kind}\n"
                     ));

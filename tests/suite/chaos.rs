@@ -6,7 +6,9 @@
 //! progress once the faults stop. The workers also take a read-write lock and, but on
 //! Redlock (which refuses semaphores), a semaphore of two permits: of the sections
 //! held to their end, never more than two hold a permit at once, and an exclusive one
-//! overlaps no other of its key.
+//! overlaps no other of its key. One fenced key is taken fail-fast with a
+//! `hold_at_least` window, as a job run once per window is: a section whose release
+//! answered counts as held until its window ended, so a window cut short overlaps.
 //!
 //! It runs on every topology that crosses processes: one Redis, a 3+3 Cluster, a
 //! Sentinel group and Redlock over 5 masters (the memory store lives in one process,
@@ -61,6 +63,12 @@ const PERMITS: usize = 2;
 /// sharing it, do not outnumber the fast keys' and so end the faults early.
 const READ_WRITE_KEY: &str = "quake:rw";
 const READ_WRITE_HOLD: Duration = Duration::from_millis(100);
+/// Taken as a job run once per window is: fail-fast, each section holding the lock
+/// at least `WINDOW` from when it asked (`hold_at_least`), the release that keeps it
+/// so meeting the faults. A section whose release answered counts as held to its
+/// window's end, for the checks.
+const WINDOWED_KEY: &str = "quake:window";
+const WINDOW: Duration = Duration::from_millis(40);
 const WORKERS: usize = 4;
 const TASKS_PER_KEY: usize = 2;
 /// The workers' lease: how long after a fault a holder may still learn it lost.
@@ -76,7 +84,7 @@ const STALL: Duration = Duration::from_secs(60);
 
 /// The keys taken exclusive, with fencing tokens.
 fn fenced_keys() -> impl Iterator<Item = &'static str> {
-    FAST_KEYS.into_iter().chain([SLOW_KEY])
+    FAST_KEYS.into_iter().chain([SLOW_KEY, WINDOWED_KEY])
 }
 
 /// How a worker is told to take `key`.
@@ -86,6 +94,7 @@ fn worker_spec(key: &str) -> String {
         SLOW_KEY => format!("{key}={hold}"),
         PERMITS_KEY => format!("{key}={hold}/permits={PERMITS}"),
         READ_WRITE_KEY => format!("{key}={}/read-write", READ_WRITE_HOLD.as_millis()),
+        WINDOWED_KEY => format!("{key}/window={}", WINDOW.as_millis()),
         key => key.to_owned(),
     }
 }
