@@ -176,8 +176,9 @@ pub(crate) fn eviction_possible(policy: &str) {
 }
 
 /// The Cluster would not list its shards (`CLUSTER SHARDS`, refused by the user's
-/// ACL): a replica it flags failed while the client counts is not counted, and
-/// grants on that replica's slots wait for none. Said once a process: the replicas
+/// ACL): a replica it flags failed while the client counts, or a primary it failed
+/// over from and that is not back yet, is not counted, and grants on its slots wait
+/// for none. Said once a process: the replicas
 /// are counted again every few seconds.
 pub(crate) fn failed_replicas_uncounted() {
     #[cfg(feature = "tracing")]
@@ -185,9 +186,9 @@ pub(crate) fn failed_replicas_uncounted() {
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
-                "the Cluster refused `CLUSTER SHARDS`, so a replica that is down now is \
-                 not counted, and grants on its primary's slots will not wait for a \
-                 replica; allow `cluster|shards` to the user"
+                "the Cluster refused `CLUSTER SHARDS`, so a replica that is down now, or a \
+                 primary failed over from and not back yet, is not counted, and grants on \
+                 its slots will not wait for a replica; allow `cluster|shards` to the user"
             );
         }
     }

@@ -3,8 +3,9 @@
 //! connects, goes on locking the other slots, and reloads the scripts a primary lost
 //! while one primary is silent; a lock is confirmed where its slot moved, and so are
 //! those confirmed beside it; a client that connects while a replica is down waits
-//! for it; a failover from a primary gone silent is followed while it stays silent,
-//! by requests and by waiters. A Cluster of one node, which lists itself with no
+//! for it, and one that connects after a failover, for the old primary; a failover
+//! from a primary gone silent is followed while it stays silent, by requests and by
+//! waiters. A Cluster of one node, which lists itself with no
 //! address, serves locks as well.
 
 use std::sync::Arc;
@@ -315,6 +316,47 @@ async fn a_client_that_connects_while_a_replica_has_failed_waits_for_one() {
         ),
         "granted without its replica: {granted:?}"
     );
+    client.shutdown().await;
+}
+
+/// A client that connects after a failover, while the old primary is down and not
+/// yet back as the new one's replica, waits for it as for any replica that is down:
+/// the nodes list the promoted primary's shard with no replica then, and the old
+/// primary apart, with no slots. Counting none there, a client would grant on that
+/// shard unconfirmed until it counted again, and a second failover in that time
+/// would grant its locks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_connects_before_the_old_primary_is_back_waits_for_it() {
+    let mut cluster = RedisCluster::start();
+    let key = "invoice:after-failover";
+    let slot = cluster.slot_of(key);
+    let shard = cluster.shard_for(slot);
+    cluster.kill_primary(shard);
+    let shard = block_in_place(|| cluster.promote_replica(shard, slot, Duration::from_secs(30)));
+    let config = ClientConfig::new().replica_timeout(Duration::from_millis(100));
+    let client = LockClient::cluster_with(cluster.urls(), config)
+        .await
+        .unwrap();
+    let granted = client.acquire(key, &LockOptions::new().spin(false)).await;
+    assert!(
+        matches!(
+            granted,
+            Err(LockError::Replication {
+                acknowledged: 0,
+                required: 1,
+                ..
+            })
+        ),
+        "granted while the shard's only replica is down: {granted:?}"
+    );
+    block_in_place(|| cluster.restore_old_primary(shard));
+    let options = LockOptions::new().timeout(Duration::from_secs(5));
+    let guard = client.acquire(key, &options).await;
+    guard
+        .expect("granted, confirmed by the old primary as a replica")
+        .release()
+        .await
+        .unwrap();
     client.shutdown().await;
 }
 

@@ -799,21 +799,33 @@ pub(crate) struct SlotRange {
     pub(crate) replicas: usize,
 }
 
-/// Each range of slots of `CLUSTER SHARDS` with how many replicas its shard has,
-/// failed ones included. A shard lists its ranges as first and last slot in turn,
-/// and its nodes, each with its role.
+/// Each range of slots of `CLUSTER SHARDS` with how many replicas its shard has:
+/// every node listed with it but its primary, failed ones included, and so a
+/// primary it failed over from, which comes back as a replica. Redis 7.0 lists that
+/// primary apart, with no slots: there a shard listed with no replica counts one
+/// while a node listed apart has failed. A shard lists its ranges as first and last
+/// slot in turn, and its nodes, each with its health.
 fn shard_replicas(shards: Value) -> RedisResult<Vec<(u16, u16, usize)>> {
     let shards: Vec<HashMap<String, Value>> = redis::from_redis_value(shards)?;
-    let mut ranges = Vec::new();
+    let mut served = Vec::new();
+    let mut failed_apart = false;
     for mut shard in shards {
         let slots: Vec<u16> = redis::from_redis_value(shard.remove("slots").unwrap_or(Value::Nil))?;
         let nodes: Vec<HashMap<String, Value>> =
             redis::from_redis_value(shard.remove("nodes").unwrap_or(Value::Nil))?;
-        let mut replicas = 0;
-        for mut node in nodes {
-            let role: String = redis::from_redis_value(node.remove("role").unwrap_or(Value::Nil))?;
-            replicas += usize::from(role == "replica");
+        if slots.is_empty() {
+            for mut node in nodes {
+                let health: Option<String> =
+                    redis::from_redis_value(node.remove("health").unwrap_or(Value::Nil))?;
+                failed_apart |= health.is_some_and(|health| health != "online");
+            }
+            continue;
         }
+        served.push((slots, nodes.len().saturating_sub(1)));
+    }
+    let mut ranges = Vec::new();
+    for (slots, replicas) in served {
+        let replicas = replicas.max(usize::from(failed_apart));
         ranges.extend(
             slots
                 .chunks_exact(2)
@@ -913,9 +925,9 @@ impl Connection {
     }
 
     /// How many replicas serve each range of slots, by `CLUSTER SHARDS`, which lists
-    /// a replica the other nodes flag failed: `CLUSTER SLOTS` leaves it out, and a
-    /// client that counted by it while the replica was down would wait for none
-    /// there for its life.
+    /// a replica the other nodes flag failed, and a primary failed over from:
+    /// `CLUSTER SLOTS` leaves both out, and a client that counted by it while one was
+    /// down would wait for none there for its life, and grant unconfirmed.
     pub(crate) async fn shard_replicas(&mut self) -> RedisResult<Vec<(u16, u16, usize)>> {
         let mut shards = redis::cmd("CLUSTER");
         shards.arg("SHARDS");
@@ -2109,7 +2121,7 @@ mod tests {
     }
 
     #[test]
-    fn cluster_shards_count_every_replica_failed_or_not() {
+    fn cluster_shards_count_every_replica_failed_or_not_and_a_primary_failed_over_from() {
         let text = |text: &str| Value::BulkString(text.as_bytes().to_vec());
         let node = |role: &str, health: &str| {
             Value::Map(vec![
@@ -2149,6 +2161,42 @@ mod tests {
             (12001, 16383, 2),
         ];
         assert_eq!(shard_replicas(shards).unwrap(), counted);
+
+        // Just after a failover, before the old primary is back as a replica: Redis
+        // 7.2 and newer list it in its shard, 7.0 apart, with no slots. A node with
+        // no slots that has not failed (added, and not yet given any) is no replica.
+        let newer = Value::Array(vec![
+            shard(
+                &[0, 5460],
+                vec![node("master", "online"), node("master", "fail")],
+            ),
+            shard(
+                &[5461, 16383],
+                vec![node("master", "online"), node("replica", "online")],
+            ),
+        ]);
+        assert_eq!(
+            shard_replicas(newer).unwrap(),
+            vec![(0, 5460, 1), (5461, 16383, 1)]
+        );
+        let older = |apart: &str| {
+            Value::Array(vec![
+                shard(&[], vec![node("master", apart)]),
+                shard(&[0, 5460], vec![node("master", "online")]),
+                shard(
+                    &[5461, 16383],
+                    vec![node("master", "online"), node("replica", "online")],
+                ),
+            ])
+        };
+        assert_eq!(
+            shard_replicas(older("fail")).unwrap(),
+            vec![(0, 5460, 1), (5461, 16383, 1)]
+        );
+        assert_eq!(
+            shard_replicas(older("online")).unwrap(),
+            vec![(0, 5460, 0), (5461, 16383, 1)]
+        );
 
         // RESP2 lists each map's keys and values in turn.
         let flat = |pairs: Vec<(Value, Value)>| {
