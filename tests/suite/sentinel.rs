@@ -11,7 +11,8 @@
 //! follows it too, and one whose Sentinels went silent listens anew and asks them on
 //! new connections.
 //! While the primary is down, the Sentinels are asked at a pace, not once per call,
-//! and a Sentinel that is down is listened to again at a falling pace.
+//! and a Sentinel that is down is listened to again at a falling pace. A client
+//! that connects before the old primary is back waits for it as a replica.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,6 +78,43 @@ async fn a_lock_lost_in_a_failover_is_reported_by_the_watchdog() {
         .await
         .expect("the client follows the failover and the lock is free there");
     next.release().await.unwrap();
+}
+
+/// A client that connects after a failover, while the old primary is down and not
+/// yet back as the new one's replica, waits for it as for any replica that is down:
+/// the Sentinels list the old primary among the new one's replicas at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_connects_before_the_old_primary_is_back_waits_for_it() {
+    let mut group = SentinelGroup::start(Duration::from_secs(1));
+    group.kill_primary();
+    tokio::task::block_in_place(|| group.promote_replica(Duration::from_secs(30)));
+    let config = ClientConfig::new().replica_timeout(Duration::from_millis(100));
+    let client = LockClient::sentinel_with(group.sentinel_urls(), group.name, config)
+        .await
+        .unwrap();
+    let granted = client
+        .acquire("invoice:after-failover", &LockOptions::new().spin(false))
+        .await;
+    assert!(
+        matches!(
+            granted,
+            Err(LockError::Replication {
+                acknowledged: 0,
+                required: 1,
+                ..
+            })
+        ),
+        "granted while the only replica is down: {granted:?}"
+    );
+    tokio::task::block_in_place(|| group.restore_old_primary());
+    let options = LockOptions::new().timeout(Duration::from_secs(5));
+    let guard = client.acquire("invoice:after-failover", &options).await;
+    guard
+        .expect("granted, confirmed by the old primary as a replica")
+        .release()
+        .await
+        .unwrap();
+    client.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
