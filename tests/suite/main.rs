@@ -135,6 +135,24 @@ pub(crate) async fn queued_once(redis: &lock_tests::RedisServer, key: &str, coun
     }
 }
 
+/// Panics unless `granted` was refused for want of the one replica required, which
+/// had not acknowledged it.
+pub(crate) fn assert_refused_unreplicated(
+    granted: &Result<lock_runtime::LockGuard, lock_runtime::LockError>,
+) {
+    assert!(
+        matches!(
+            granted,
+            Err(lock_runtime::LockError::Replication {
+                acknowledged: 0,
+                required: 1,
+                ..
+            })
+        ),
+        "granted without its replica: {granted:?}"
+    );
+}
+
 /// `call`'s answer, asked again while it fails with a `Backend` error, for up to 3 s.
 /// A Cluster connection made while a primary is silent may hold its first requests
 /// back for a connect timeout while redis-rs refreshes its slot map, and those

@@ -24,7 +24,7 @@ use redis::Commands;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::{acquire_once_back, acquire_while_down};
+use crate::{acquire_once_back, acquire_while_down, assert_refused_unreplicated};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_lost_in_a_failover_is_reported_by_the_watchdog() {
@@ -95,17 +95,7 @@ async fn a_client_that_connects_before_the_old_primary_is_back_waits_for_it() {
     let granted = client
         .acquire("invoice:after-failover", &LockOptions::new().spin(false))
         .await;
-    assert!(
-        matches!(
-            granted,
-            Err(LockError::Replication {
-                acknowledged: 0,
-                required: 1,
-                ..
-            })
-        ),
-        "granted while the only replica is down: {granted:?}"
-    );
+    assert_refused_unreplicated(&granted);
     tokio::task::block_in_place(|| group.restore_old_primary());
     let options = LockOptions::new().timeout(Duration::from_secs(5));
     let guard = client.acquire("invoice:after-failover", &options).await;
