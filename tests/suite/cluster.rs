@@ -5,8 +5,8 @@
 //! those confirmed beside it; a client that connects while a replica is down waits
 //! for it, and one that connects after a failover, for the old primary; a failover
 //! from a primary gone silent is followed while it stays silent, by requests and by
-//! waiters. A Cluster of one node, which lists itself with no
-//! address, serves locks as well.
+//! waiters. A Cluster of one node, which lists itself with no address, serves locks
+//! as well.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -310,11 +310,11 @@ async fn a_client_that_connects_while_a_replica_has_failed_waits_for_one() {
 }
 
 /// A client that connects after a failover, while the old primary is down and not
-/// yet back as the new one's replica, waits for it as for any replica that is down:
-/// the nodes list the promoted primary's shard with no replica then, and the old
-/// primary apart, with no slots. Counting none there, a client would grant on that
-/// shard unconfirmed until it counted again, and a second failover in that time
-/// would grant its locks again.
+/// yet back as the new one's replica, waits for it as for any replica that is down.
+/// The nodes list the old primary then as a failed primary, not a replica: in the
+/// promoted one's shard on Redis 7.2 and newer, apart with no slots on 7.0. Counting
+/// none there, a client granted on that shard unconfirmed until it counted again, and
+/// a second failover in that time granted its locks again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_connects_before_the_old_primary_is_back_waits_for_it() {
     let mut cluster = RedisCluster::start();
