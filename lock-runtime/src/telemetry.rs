@@ -178,8 +178,7 @@ pub(crate) fn eviction_possible(policy: &str) {
 /// The Cluster would not list its shards (`CLUSTER SHARDS`, refused by the user's
 /// ACL): a replica it flags failed while the client counts, or a primary it failed
 /// over from and that is not back yet, is not counted, and grants on its slots wait
-/// for none. Said once a process: the replicas
-/// are counted again every few seconds.
+/// for none. Said once a process: the replicas are counted again every few seconds.
 pub(crate) fn failed_replicas_uncounted() {
     #[cfg(feature = "tracing")]
     {

@@ -64,9 +64,9 @@ const PERMITS: usize = 2;
 const READ_WRITE_KEY: &str = "quake:rw";
 const READ_WRITE_HOLD: Duration = Duration::from_millis(100);
 /// Taken as a job run once per window is: fail-fast, each section holding the lock
-/// at least `WINDOW` from when it asked (`hold_at_least`), the release that keeps it
-/// so meeting the faults. A section whose release answered counts as held to its
-/// window's end, for the checks.
+/// at least `WINDOW` from its grant (`hold_at_least`), the release that keeps it so
+/// meeting the faults. A section whose release answered counts as held until
+/// `WINDOW` after it asked, a lower bound of its window's end, for the checks.
 const WINDOWED_KEY: &str = "quake:window";
 const WINDOW: Duration = Duration::from_millis(40);
 const WORKERS: usize = 4;
