@@ -175,6 +175,18 @@ pub(crate) fn eviction_possible(policy: &str) {
     let _ = policy;
 }
 
+/// The client counted the replicas of its primaries, at connect or with a count
+/// other than the last: from now on a grant waits for one of them to acknowledge it,
+/// where its primary has any.
+pub(crate) fn replicas_counted(replicas: &impl std::fmt::Display) {
+    #[cfg(feature = "tracing")]
+    tracing::info!(
+        %replicas,
+        "replicas counted; a grant waits for one to acknowledge it where its primary has any"
+    );
+    let _ = replicas;
+}
+
 /// The Cluster would not list its shards (`CLUSTER SHARDS`, refused by the user's
 /// ACL): a replica it flags failed while the client counts, or a primary it failed
 /// over from and that is not back yet, is not counted, and grants on its slots wait

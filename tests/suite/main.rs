@@ -153,6 +153,42 @@ pub(crate) fn assert_refused_unreplicated(
     );
 }
 
+/// With `added`, a replica started after `client` connected, frozen: grants of one
+/// key, one every 250 ms, until one fails for want of its acknowledgement, since the
+/// client counted it, within 20 s (twice the recount's period). Thawed, it confirms
+/// the next grant.
+pub(crate) async fn the_added_replica_is_waited_for(
+    client: &lock_runtime::LockClient,
+    added: &lock_tests::RedisServer,
+) {
+    added.freeze();
+    let started = tokio::time::Instant::now();
+    loop {
+        match client
+            .acquire("payout:9", &lock_runtime::LockOptions::new().spin(false))
+            .await
+        {
+            Err(lock_runtime::LockError::Replication { required: 1, .. }) => break,
+            Ok(guard) => guard.release().await.unwrap(),
+            Err(other) => panic!("{other:?}"),
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "no grant waited for the added replica within 20 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    added.thaw();
+    let guard = client
+        .acquire("payout:9", &lock_runtime::LockOptions::new())
+        .await;
+    guard
+        .expect("confirmed by the replica")
+        .release()
+        .await
+        .unwrap();
+}
+
 /// `call`'s answer, asked again while it fails with a `Backend` error, for up to 3 s.
 /// A Cluster connection made while a primary is silent may hold its first requests
 /// back for a connect timeout while redis-rs refreshes its slot map, and those

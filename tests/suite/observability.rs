@@ -1,6 +1,7 @@
 //! What the client reports with the `tracing` and `metrics` features: a span per
 //! acquire with its outcome, warnings for lost locks and for an eviction policy that
-//! could free locks, and counters and histograms labelled by store, never by key.
+//! could free locks, the replicas grants wait for, and counters and histograms
+//! labelled by store, never by key.
 //! Each test runs on a runtime of its own thread with its own subscriber and
 //! recorder, so the other tests of the suite do not count here.
 
@@ -296,6 +297,29 @@ fn an_eviction_policy_that_could_free_locks_is_warned_of() {
         .map(String::as_str)
         .collect();
     assert_eq!(policies, ["allkeys-lru"], "{events:?}");
+}
+
+/// What an operator reads to know whether grants wait for a replica: the count at
+/// connect, and the count again once a replica added later is waited for.
+#[test]
+fn the_replicas_grants_wait_for_are_told_at_connect_and_when_one_is_added() {
+    let primary = RedisServer::start();
+    let (_, events, _) = observed(async {
+        let config = ClientConfig::new().replica_timeout(Duration::from_millis(200));
+        let client = LockClient::connect_with(&primary.url(), config)
+            .await
+            .unwrap();
+        let port = primary.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        replica.wait_until_in_sync(Duration::from_secs(10));
+        crate::the_added_replica_is_waited_for(&client, &replica).await;
+    });
+    let counted: Vec<&str> = events
+        .iter()
+        .filter_map(|event| event.fields.get("replicas"))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(counted, ["0", "1"], "{events:?}");
 }
 
 /// Metric values by name, shared with the recorder that counts them.

@@ -341,37 +341,6 @@ async fn a_primary_without_replicas_pays_nothing() {
     assert_eq!(primary.calls("pexpireat"), 0, "no confirmation round ran");
 }
 
-/// With `added`, a replica started after `client` connected, frozen: grants of one
-/// key, one every 250 ms, until one fails for want of its acknowledgement, since the
-/// client counted it, within 20 s (twice the recount's period). Thawed, it confirms
-/// the next grant.
-async fn the_added_replica_is_waited_for(client: &LockClient, added: &RedisServer) {
-    freeze(added);
-    let started = Instant::now();
-    loop {
-        match client
-            .acquire("payout:9", &LockOptions::new().spin(false))
-            .await
-        {
-            Err(LockError::Replication { required: 1, .. }) => break,
-            Ok(guard) => guard.release().await.unwrap(),
-            Err(other) => panic!("{other:?}"),
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "no grant waited for the added replica within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    added.thaw();
-    let guard = client.acquire("payout:9", &LockOptions::new()).await;
-    guard
-        .expect("confirmed by the replica")
-        .release()
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_added_after_connect_is_waited_for() {
     let primary = RedisServer::start();
@@ -381,7 +350,7 @@ async fn a_replica_added_after_connect_is_waited_for() {
     let port = primary.port().to_string();
     let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
     replica.wait_until_in_sync(Duration::from_secs(10));
-    the_added_replica_is_waited_for(&client, &replica).await;
+    crate::the_added_replica_is_waited_for(&client, &replica).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,7 +364,7 @@ async fn on_a_cluster_a_replica_added_after_connect_is_waited_for() {
         .position(|server| server.port() == cluster.primary_for(slot).port())
         .unwrap();
     let replica = cluster.add_replica(primary);
-    the_added_replica_is_waited_for(&client, &cluster.servers[replica]).await;
+    crate::the_added_replica_is_waited_for(&client, &cluster.servers[replica]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,7 +406,7 @@ async fn through_sentinel_a_replica_added_after_connect_is_waited_for() {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    the_added_replica_is_waited_for(&client, &replica).await;
+    crate::the_added_replica_is_waited_for(&client, &replica).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

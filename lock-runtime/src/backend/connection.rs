@@ -788,6 +788,23 @@ impl Replicas {
     }
 }
 
+/// One count, or each range of slots with its count: `slots 0-5460: 1, 5461-16383: 0`.
+impl std::fmt::Display for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Replicas::Everywhere(count) => write!(f, "{count}"),
+            Replicas::PerSlot(ranges) => {
+                f.write_str("slots ")?;
+                for (at, (first, last, count)) in ranges.iter().enumerate() {
+                    let comma = if at == 0 { "" } else { ", " };
+                    write!(f, "{comma}{first}-{last}: {count}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// A range of slots as `CLUSTER SLOTS` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SlotRange {
@@ -2278,5 +2295,7 @@ mod tests {
         assert_eq!(replicas.of("foo"), 2, "slot 12182");
         assert_eq!(replicas.of("foo{hash_tag}"), 1, "slot 2515");
         assert!(replicas.any());
+        let told = "slots 0-5460: 1, 5461-10922: 0, 10923-16383: 2";
+        assert_eq!(replicas.to_string(), told);
     }
 }

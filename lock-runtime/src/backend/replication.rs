@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 use super::connection::{Connection, LuaScript, Replicas, ScriptCall, SlotRange, Target, bounded};
 use super::sentinels::{Said, Sentinels, Verdict};
 use crate::key::{LockName, slot};
-use crate::{ClientConfig, LockError};
+use crate::{ClientConfig, LockError, telemetry};
 
 static CONFIRM: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(concat!(
@@ -140,6 +140,7 @@ impl Counted {
                 ),
             }
         })?;
+        telemetry::replicas_counted(&replicas);
         Ok(Arc::new(Counted {
             replicas: RwLock::new(replicas),
             since: Instant::now(),
@@ -172,7 +173,11 @@ impl Counted {
         let counting = bounded(config.command_timeout, target.replicas(&mut connection));
         if let Ok(now) = counting.await {
             let mut replicas = self.replicas.write().unwrap_or_else(|p| p.into_inner());
-            *replicas = now.at_least(&replicas);
+            let now = now.at_least(&replicas);
+            if now != *replicas {
+                telemetry::replicas_counted(&now);
+                *replicas = now;
+            }
         }
     }
 
