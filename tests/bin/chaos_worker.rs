@@ -19,7 +19,9 @@
 //! warning the client logs about a key prints `warned <key> <at ns> <what>`, `what`
 //! being the message up to its first `;` and, in parentheses, the same of the error's
 //! innermost cause when the warning carries an error; an `extend` that fails prints
-//! `warned <key> <at ns> extend: <what>`, `what` as for an acquisition.
+//! `warned <key> <at ns> extend: <what>`, `what` as for an acquisition. The replicas
+//! the client counted, at connect and whenever a count went up, print
+//! `counted <at ns> <replicas>`, as the client's INFO event says them.
 //!
 //! Usage: `chaos-worker <keys,comma,separated> <tasks per key> <topology>`,
 //! the topology being one of `redis <url>`, `cluster <url,url,..>`,
@@ -72,12 +74,13 @@ fn what_failed(error: &LockError) -> String {
     what.split_whitespace().collect::<Vec<_>>().join("_")
 }
 
-/// Prints the client's warnings about keys, as `warned` lines.
+/// Prints the client's warnings about keys, as `warned` lines, and the replicas it
+/// counted, as `counted` lines.
 struct PrintWarnings;
 
 impl Subscriber for PrintWarnings {
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        *metadata.level() <= Level::WARN
+        *metadata.level() <= Level::INFO
     }
 
     fn new_span(&self, _: &Attributes<'_>) -> Id {
@@ -91,6 +94,9 @@ impl Subscriber for PrintWarnings {
     fn event(&self, event: &Event<'_>) {
         let mut warning = Warning::default();
         event.record(&mut warning);
+        if let Some(replicas) = warning.replicas {
+            say(&format!("counted {} {replicas}\n", nanos_now()));
+        }
         if let Some(key) = warning.key {
             let cause = warning.cause.map(|cause| format!(" ({cause})"));
             let what = format!("{}{}", warning.message, cause.unwrap_or_default());
@@ -103,10 +109,12 @@ impl Subscriber for PrintWarnings {
     fn exit(&self, _: &Id) {}
 }
 
-/// A warning's key, and the heads of its message and of its error's innermost cause.
+/// A warning's key, and the heads of its message and of its error's innermost cause;
+/// or the replicas counted.
 #[derive(Default)]
 struct Warning {
     key: Option<String>,
+    replicas: Option<String>,
     message: String,
     cause: Option<String>,
 }
@@ -125,8 +133,10 @@ impl Visit for Warning {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.message = head(&format!("{value:?}"));
+        match field.name() {
+            "message" => self.message = head(&format!("{value:?}")),
+            "replicas" => self.replicas = Some(format!("{value:?}")),
+            _ => {}
         }
     }
 

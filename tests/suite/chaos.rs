@@ -9,6 +9,8 @@
 //! overlaps no other of its key. One fenced key is taken fail-fast with a
 //! `hold_at_least` window, as a job run once per window is: a section whose release
 //! answered counts as held until its window ended, so a window cut short overlaps.
+//! On Sentinel and Cluster, every worker's client counted a replica for every
+//! primary (its INFO event says what it counted) before it asked for a lock.
 //!
 //! It runs on every topology that crosses processes: one Redis, a 3+3 Cluster, a
 //! Sentinel group and Redlock over 5 masters (the memory store lives in one process,
@@ -130,14 +132,35 @@ struct Warning {
     what: String,
 }
 
+/// The replicas a worker's client counted, as its INFO event said them: one count,
+/// or each range of slots with its count.
+#[derive(Clone)]
+struct ReplicaCount {
+    worker: usize,
+    at: SystemTime,
+    replicas: String,
+}
+
+impl ReplicaCount {
+    /// The fewest replicas it counted for any primary.
+    fn fewest(&self) -> usize {
+        let counts = self.replicas.split(", ").map(|count| {
+            let count = count.rsplit(' ').next().and_then(|n| n.parse().ok());
+            count.unwrap_or_else(|| panic!("a chaos worker counted {:?}", self.replicas))
+        });
+        counts.min().expect("a count")
+    }
+}
+
 /// What the workers reported on `keys`: their sections, their failed acquisitions,
-/// their clients' warnings, and who is inside the slow key.
+/// their clients' warnings and replica counts, and who is inside the slow key.
 #[derive(Default)]
 struct Reports {
     keys: Vec<&'static str>,
     sections: Mutex<Vec<Section>>,
     failures: Mutex<Vec<Failure>>,
     warnings: Mutex<Vec<Warning>>,
+    counts: Mutex<Vec<ReplicaCount>>,
     slow_holder: Mutex<Option<usize>>,
 }
 
@@ -226,6 +249,15 @@ impl Worker {
                         .push(parse_failure(failure));
                     continue;
                 }
+                if let Some(count) = line.strip_prefix("counted ") {
+                    let (at, replicas) = count.split_once(' ').expect("`counted <at> <replicas>`");
+                    reports.counts.lock().unwrap().push(ReplicaCount {
+                        worker: number,
+                        at: time(at),
+                        replicas: replicas.to_owned(),
+                    });
+                    continue;
+                }
                 if let Some(warning) = line.strip_prefix("warned ") {
                     reports
                         .warnings
@@ -307,6 +339,46 @@ fn parse(worker: usize, line: &str) -> Section {
         until: time(until),
         held: held == "true",
         kind: kind.to_owned(),
+    }
+}
+
+/// Every worker that held a section had counted a replica of every primary before it
+/// began, as each primary has one: a client that counts none on a shard grants there
+/// unconfirmed, and a replica promoted without the grant may make it again.
+fn check_replicas_counted(
+    counts: &[ReplicaCount],
+    sections: &[Section],
+    injected: &[Injected],
+    started: SystemTime,
+) {
+    let since = |at: SystemTime| at.duration_since(started).unwrap_or_default().as_secs_f64();
+    let last_fault = |at: SystemTime| {
+        let before = injected.iter().rfind(|fault| fault.from <= at);
+        before.map_or("none".to_owned(), |fault| {
+            format!("{:?} from {:.3} s", fault.fault, since(fault.from))
+        })
+    };
+    if let Some(none) = counts.iter().find(|count| count.fewest() == 0) {
+        panic!(
+            "worker {} counted no replica for a primary ({}) at {:.3} s, so its grants \
+             there went unconfirmed; the last fault begun: {}",
+            none.worker,
+            none.replicas,
+            since(none.at),
+            last_fault(none.at)
+        );
+    }
+    for section in sections {
+        let counted = counts
+            .iter()
+            .any(|count| count.worker == section.worker && count.at <= section.asked);
+        assert!(
+            counted,
+            "worker {} asked for `{}` at {:.3} s with no count of replicas said before",
+            section.worker,
+            section.key,
+            since(section.asked)
+        );
     }
 }
 
@@ -473,6 +545,11 @@ impl Servers {
             }
         }
         keys
+    }
+
+    /// Whether every primary has a replica, which grants wait for.
+    fn replicated(&self) -> bool {
+        matches!(self, Servers::Cluster(_) | Servers::Sentinel(_))
     }
 
     /// The kinds of fault injected in turn, and how many rounds of them at least.
@@ -730,6 +807,10 @@ async fn run(mut servers: Servers, default_target: usize) {
     let sections = reports.sections.lock().unwrap().clone();
     let failures = reports.failures.lock().unwrap().clone();
     let warnings = reports.warnings.lock().unwrap().clone();
+    let counts = reports.counts.lock().unwrap().clone();
+    if servers.replicated() && std::env::var_os("LOCK_CHAOS_REPLICAS").is_none() {
+        check_replicas_counted(&counts, &sections, &injected, started);
+    }
     let history = History::new();
     let fenced = |section: &&Section| fenced_keys().any(|key| key == section.key);
     for section in sections
@@ -748,7 +829,7 @@ async fn run(mut servers: Servers, default_target: usize) {
     if let Err(violation) = history.check() {
         panic!(
             "{violation}\n{}",
-            before(&violation, &sections, &injected, &warnings, &steps)
+            before(&violation, &sections, &injected, &warnings, &counts, &steps)
         );
     }
     check_token_order(&sections, &steps);
@@ -782,6 +863,7 @@ fn before(
     sections: &[Section],
     injected: &[Injected],
     warnings: &[Warning],
+    counts: &[ReplicaCount],
     steps: &[ClockStep],
 ) -> String {
     let (Violation::Overlap { first, second }
@@ -827,6 +909,18 @@ fn before(
         ));
     }
     // All of them: rare, and each one may explain the violation.
+    let holders = [&first.holder, &second.holder];
+    for count in counts
+        .iter()
+        .filter(|c| holders.contains(&&format!("worker {}", c.worker)))
+    {
+        lines.push(format!(
+            "  worker {} counted replicas {}: {}",
+            count.worker,
+            at(count.at),
+            count.replicas
+        ));
+    }
     for step in steps {
         lines.push(format!("  the wall clock stepped {step} {}", at(step.at)));
     }
