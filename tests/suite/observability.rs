@@ -309,9 +309,7 @@ fn the_replicas_grants_wait_for_are_told_at_connect_and_when_one_is_added() {
         let client = LockClient::connect_with(&primary.url(), config)
             .await
             .unwrap();
-        let port = primary.port().to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-        replica.wait_until_in_sync(Duration::from_secs(10));
+        let replica = RedisServer::start_replica_of(&primary);
         crate::the_added_replica_is_waited_for(&client, &replica).await;
     });
     let counted: Vec<&str> = events

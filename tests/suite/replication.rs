@@ -15,9 +15,7 @@ use tokio::time::Instant;
 /// A primary and a replica in sync with it.
 fn primary_and_replica() -> (RedisServer, RedisServer) {
     let primary = RedisServer::start();
-    let port = primary.port().to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    replica.wait_until_in_sync(Duration::from_secs(10));
+    let replica = RedisServer::start_replica_of(&primary);
     // The primary counts a replica (`ROLE`) a moment after the replica is in sync.
     let started = Instant::now();
     while !primary_lists_a_replica(&primary) {
@@ -347,9 +345,7 @@ async fn a_replica_added_after_connect_is_waited_for() {
     let client = LockClient::connect_with(&primary.url(), quick_to_give_up())
         .await
         .unwrap();
-    let port = primary.port().to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    replica.wait_until_in_sync(Duration::from_secs(10));
+    let replica = RedisServer::start_replica_of(&primary);
     crate::the_added_replica_is_waited_for(&client, &replica).await;
 }
 
@@ -395,9 +391,7 @@ async fn through_sentinel_a_replica_added_after_connect_is_waited_for() {
     let client = LockClient::sentinel_with(group.sentinel_urls(), group.name, quick_to_give_up())
         .await
         .unwrap();
-    let port = group.primary.port().to_string();
-    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-    replica.wait_until_in_sync(Duration::from_secs(10));
+    let replica = RedisServer::start_replica_of(&group.primary);
     // The Sentinels find a replica in the primary's `INFO`, asked every 10 s.
     let started = Instant::now();
     for sentinel in &group.sentinels {

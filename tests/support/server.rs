@@ -67,6 +67,15 @@ impl RedisServer {
         Self::start_as(server_binary(), None, None, None, args)
     }
 
+    /// Starts a replica of `primary` and waits, up to 10 s, until its first sync is
+    /// done.
+    pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
+        let port = primary.port().to_string();
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
+        replica.wait_until_in_sync(Duration::from_secs(10));
+        replica
+    }
+
     /// Starts `binary` (`valkey-server`, say) instead of [`server_binary`], with no
     /// persistence: for comparing servers in one process.
     pub fn start_binary(binary: &'static str) -> RedisServer {
