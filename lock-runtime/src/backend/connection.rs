@@ -442,17 +442,21 @@ impl Target {
     pub(crate) async fn replicas(&self, connection: &mut Connection) -> RedisResult<Replicas> {
         match (self, connection) {
             (Target::Cluster(_), connection @ Connection::Cluster(_)) => {
-                match connection.shard_replicas().await {
+                let mut ranges = match connection.shard_replicas().await {
                     Err(refused) if refused.code() == Some("NOPERM") => {
                         telemetry::failed_replicas_uncounted();
                         let ranges = connection.slot_ranges().await?;
                         let ranges = ranges
                             .into_iter()
                             .map(|range| (range.first, range.last, range.replicas));
-                        Ok(Replicas::PerSlot(ranges.collect()))
+                        ranges.collect()
                     }
-                    ranges => Ok(Replicas::PerSlot(ranges?)),
-                }
+                    ranges => ranges?,
+                };
+                // In slot order: nodes list shards in an order of their own, and a
+                // count is told again only when it changed.
+                ranges.sort_unstable();
+                Ok(Replicas::PerSlot(ranges))
             }
             (Target::Sentinel(named), connection) => {
                 // Asked at once, and the first answer taken: a silent Sentinel listed
@@ -745,16 +749,18 @@ pub(crate) enum Replicas {
 }
 
 impl Replicas {
-    /// The replicas of the primary that serves `key`.
+    /// The replicas of the primary that serves `key`; for a slot none was listed
+    /// with (a node that had just joined answered), the most any primary has.
     pub(crate) fn of(&self, key: &str) -> usize {
         match self {
             Replicas::Everywhere(count) => *count,
             Replicas::PerSlot(ranges) => {
                 let slot = slot(key);
-                ranges
+                let listed = ranges
                     .iter()
-                    .find(|(first, last, _)| (*first..=*last).contains(&slot))
-                    .map_or(0, |(_, _, count)| *count)
+                    .find(|(first, last, _)| (*first..=*last).contains(&slot));
+                let most = || ranges.iter().map(|(_, _, count)| *count).max();
+                listed.map_or_else(|| most().unwrap_or(0), |(_, _, count)| *count)
             }
         }
     }
@@ -766,26 +772,53 @@ impl Replicas {
         }
     }
 
-    /// These counts, none below what `before` counted for the same slots.
+    /// These counts, none below what `before` counted for the same slots, and
+    /// `before`'s for the slots these leave out.
     pub(crate) fn at_least(self, before: &Replicas) -> Replicas {
         match (self, before) {
             (Replicas::Everywhere(now), Replicas::Everywhere(then)) => {
                 Replicas::Everywhere(now.max(*then))
             }
-            (Replicas::PerSlot(now), Replicas::PerSlot(then)) => Replicas::PerSlot(
-                now.into_iter()
-                    .map(|(first, last, count)| {
+            (Replicas::PerSlot(now), Replicas::PerSlot(then)) => {
+                let mut ranges: Vec<_> = (now.iter())
+                    .map(|&(first, last, count)| {
                         let overlapping = then
                             .iter()
                             .filter(|(from, to, _)| *from <= last && first <= *to);
                         let most = overlapping.map(|(_, _, then)| *then).max();
                         (first, last, count.max(most.unwrap_or(0)))
                     })
-                    .collect(),
-            ),
+                    .collect();
+                for &(first, last, count) in then {
+                    let left_out = uncovered(first, last, &now);
+                    ranges.extend(left_out.into_iter().map(|(from, to)| (from, to, count)));
+                }
+                ranges.sort_unstable();
+                Replicas::PerSlot(ranges)
+            }
             (now, _) => now,
         }
     }
+}
+
+/// The parts of the slots `first..=last` that no range of `ranges` covers.
+fn uncovered(first: u16, last: u16, ranges: &[(u16, u16, usize)]) -> Vec<(u16, u16)> {
+    let mut covering: Vec<(u16, u16)> = (ranges.iter())
+        .filter(|(from, to, _)| *from <= last && first <= *to)
+        .map(|&(from, to, _)| (from, to))
+        .collect();
+    covering.sort_unstable();
+    let (mut parts, mut next) = (Vec::new(), u32::from(first));
+    for (from, to) in covering {
+        if u32::from(from) > next {
+            parts.push((next as u16, from - 1));
+        }
+        next = next.max(u32::from(to) + 1);
+    }
+    if next <= u32::from(last) {
+        parts.push((next as u16, last));
+    }
+    parts
 }
 
 /// One count, or each range of slots with its count: `slots 0-5460: 1, 5461-16383: 0`.
@@ -2135,6 +2168,28 @@ mod tests {
             now.at_least(&before),
             Replicas::PerSlot(vec![(0, 4999, 1), (5000, 10922, 1), (10923, 16383, 1)])
         );
+        // A node that had just joined listed only part of the slots.
+        let before = Replicas::PerSlot(vec![(0, 5460, 1), (5461, 10922, 0), (10923, 16383, 2)]);
+        let partial = Replicas::PerSlot(vec![(100, 6000, 0)]);
+        assert_eq!(
+            partial.at_least(&before),
+            Replicas::PerSlot(vec![
+                (0, 99, 1),
+                (100, 6000, 1),
+                (6001, 10922, 0),
+                (10923, 16383, 2)
+            ])
+        );
+        let none = Replicas::PerSlot(Vec::new()).at_least(&before);
+        assert_eq!(none, before);
+    }
+
+    #[test]
+    fn a_slot_listed_with_no_primary_waits_for_as_many_as_any_primary_has() {
+        let partial = Replicas::PerSlot(vec![(0, 5460, 0), (5461, 10922, 1)]);
+        assert_eq!(partial.of("foo"), 1, "slot 12182");
+        assert_eq!(partial.of("foo{hash_tag}"), 0, "slot 2515");
+        assert_eq!(Replicas::PerSlot(Vec::new()).of("foo"), 0);
     }
 
     #[test]
