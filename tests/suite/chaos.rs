@@ -142,13 +142,22 @@ struct ReplicaCount {
 }
 
 impl ReplicaCount {
-    /// The fewest replicas it counted for any primary.
+    /// The fewest replicas it counted for any primary: 0 too when a count by slots
+    /// leaves some slot out, since a grant there waits for none.
     fn fewest(&self) -> usize {
-        let counts = self.replicas.split(", ").map(|count| {
-            let count = count.rsplit(' ').next().and_then(|n| n.parse().ok());
-            count.unwrap_or_else(|| panic!("a chaos worker counted {:?}", self.replicas))
-        });
-        counts.min().expect("a count")
+        let unreadable = format!("a chaos worker counted {:?}", self.replicas);
+        let number = |text: &str| text.parse::<usize>().expect(&unreadable);
+        let Some(ranges) = self.replicas.strip_prefix("slots ") else {
+            return number(&self.replicas);
+        };
+        let (mut fewest, mut slots) = (usize::MAX, 0);
+        for range in ranges.split(", ") {
+            let (slots_of, count) = range.split_once(": ").expect(&unreadable);
+            let (first, last) = slots_of.split_once('-').expect(&unreadable);
+            fewest = fewest.min(number(count));
+            slots += number(last) + 1 - number(first);
+        }
+        if slots < 16384 { 0 } else { fewest }
     }
 }
 
@@ -344,13 +353,14 @@ fn parse(worker: usize, line: &str) -> Section {
 
 /// Every worker that held a section had counted a replica of every primary before it
 /// began, as each primary has one: a client that counts none on a shard grants there
-/// unconfirmed, and a replica promoted without the grant may make it again.
+/// unconfirmed, and a replica promoted without the grant may make it again. Returns
+/// how many counts were said.
 fn check_replicas_counted(
     counts: &[ReplicaCount],
     sections: &[Section],
     injected: &[Injected],
     started: SystemTime,
-) {
+) -> String {
     let since = |at: SystemTime| at.duration_since(started).unwrap_or_default().as_secs_f64();
     let last_fault = |at: SystemTime| {
         let before = injected.iter().rfind(|fault| fault.from <= at);
@@ -380,12 +390,14 @@ fn check_replicas_counted(
             since(section.asked)
         );
     }
+    format!("; replicas counted {} times, never none", counts.len())
 }
 
 /// Per key: no token twice, and every section's token is above the tokens of all
 /// sections that ended before it asked for the lock, whether they kept their
 /// lease or not.
-fn check_token_order(sections: &[Section], steps: &[ClockStep]) {
+/// `report` says what led to a violation between two of them.
+fn check_token_order(sections: &[Section], report: impl Fn(&Section, &Section) -> String) {
     for key in fenced_keys() {
         let mut by_end: Vec<&Section> = sections.iter().filter(|s| s.key == key).collect();
         by_end.sort_by_key(|section| section.until);
@@ -397,12 +409,14 @@ fn check_token_order(sections: &[Section], steps: &[ClockStep]) {
             .windows(2)
             .find(|pair| pair[0].token == pair[1].token)
         {
+            let (earlier, later) = match twice[0].from <= twice[1].from {
+                true => (twice[0], twice[1]),
+                false => (twice[1], twice[0]),
+            };
             panic!(
-                "`{key}`: token {} was issued twice: to {:?} and to {:?}{}",
-                twice[0].token,
-                twice[0],
-                twice[1],
-                stepped(steps)
+                "`{key}`: token {:#x} was issued twice: to {earlier:?} and to {later:?}\n{}",
+                earlier.token,
+                report(earlier, later)
             );
         }
         let (mut ended, mut highest): (usize, Option<&Section>) = (0, None);
@@ -418,8 +432,8 @@ fn check_token_order(sections: &[Section], steps: &[ClockStep]) {
             {
                 panic!(
                     "`{key}`: {section:?} asked after {earlier:?} had ended, yet has a token \
-                     no larger{}",
-                    stepped(steps)
+                     no larger\n{}",
+                    report(earlier, section)
                 );
             }
         }
@@ -808,9 +822,10 @@ async fn run(mut servers: Servers, default_target: usize) {
     let failures = reports.failures.lock().unwrap().clone();
     let warnings = reports.warnings.lock().unwrap().clone();
     let counts = reports.counts.lock().unwrap().clone();
-    if servers.replicated() && std::env::var_os("LOCK_CHAOS_REPLICAS").is_none() {
-        check_replicas_counted(&counts, &sections, &injected, started);
-    }
+    let counted = match servers.replicated() && std::env::var_os("LOCK_CHAOS_REPLICAS").is_none() {
+        true => check_replicas_counted(&counts, &sections, &injected, started),
+        false => String::new(),
+    };
     let history = History::new();
     let fenced = |section: &&Section| fenced_keys().any(|key| key == section.key);
     for section in sections
@@ -818,21 +833,19 @@ async fn run(mut servers: Servers, default_target: usize) {
         .filter(|section| section.held)
         .filter(fenced)
     {
-        history.record(Holding {
-            holder: format!("worker {}", section.worker),
-            key: section.key.clone(),
-            from: section.from,
-            until: section.until,
-            fence: Some(section.token),
-        });
+        history.record(holding(section));
     }
+    let report =
+        |violation: &Violation| before(violation, &sections, &injected, &warnings, &counts, &steps);
     if let Err(violation) = history.check() {
-        panic!(
-            "{violation}\n{}",
-            before(&violation, &sections, &injected, &warnings, &counts, &steps)
-        );
+        panic!("{violation}\n{}", report(&violation));
     }
-    check_token_order(&sections, &steps);
+    check_token_order(&sections, |earlier, later| {
+        report(&Violation::TokenOrder {
+            earlier: Box::new(holding(earlier)),
+            later: Box::new(holding(later)),
+        })
+    });
     let family = check_family(&reports.keys, &sections);
     let lost = sections.iter().filter(|section| !section.held).count();
     eprintln!(
@@ -847,7 +860,7 @@ async fn run(mut servers: Servers, default_target: usize) {
             started.elapsed().unwrap_or_default()
         )
     );
-    eprintln!("  {family}{}", stepped(&steps));
+    eprintln!("  {family}{counted}{}", stepped(&steps));
     assert!(sections.len() >= target);
     assert!(
         lost > 0,
@@ -855,9 +868,20 @@ async fn run(mut servers: Servers, default_target: usize) {
     );
 }
 
+fn holding(section: &Section) -> Holding {
+    Holding {
+        holder: format!("worker {}", section.worker),
+        key: section.key.clone(),
+        from: section.from,
+        until: section.until,
+        fence: Some(section.token),
+    }
+}
+
 /// What led to `violation`, to read first: the faults, and the sections and warnings
-/// on its key, from 10 s before the later holding began until it ended, timed from
-/// its start.
+/// on its key, from 10 s before the later holding began (or 1 s before the earlier,
+/// if sooner) until both ended, timed from the later's start; and the replicas each
+/// of the two holders' clients counted.
 fn before(
     violation: &Violation,
     sections: &[Section],
@@ -872,7 +896,7 @@ fn before(
         later: second,
     }) = violation;
     let (key, start, end) = (&second.key, second.from, second.until.max(first.until));
-    let window_from = start - Duration::from_secs(10);
+    let window_from = (start - Duration::from_secs(10)).min(first.from - Duration::from_secs(1));
     let at = |time: SystemTime| match time.duration_since(start) {
         Ok(after) => format!("{:+.3} s", after.as_secs_f64()),
         Err(before) => format!("-{:.3} s", before.duration().as_secs_f64()),
@@ -897,7 +921,7 @@ fn before(
         .iter()
         .filter(|s| &s.key == key && within(s.from, s.until))
         .collect::<Vec<_>>();
-    for section in &on_key[on_key.len().saturating_sub(30)..] {
+    for section in &on_key[on_key.len().saturating_sub(60)..] {
         lines.push(format!(
             "  worker {} token {:#x} asked {} held {} .. {}{}",
             section.worker,
