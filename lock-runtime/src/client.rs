@@ -92,9 +92,10 @@ impl ClientConfig {
     /// still be the one promoted, so while it is away grants fail with
     /// [`LockError::Replication`] after [`replica_timeout`](Self::replica_timeout),
     /// and one removed for good is waited for until the client connects again.
-    /// With the `tracing` feature, each count taken at connect, and each that went
-    /// up, is an INFO event with the `replicas` counted. `replicas(0)` chooses availability instead. Does not apply to Redlock, whose
-    /// masters are independent.
+    /// With the `tracing` feature, the count taken at connect, and each that changed
+    /// since, is an INFO event with the `replicas` counted. `replicas(0)` chooses
+    /// availability instead. Does not apply to Redlock, whose masters are
+    /// independent.
     pub fn replicas(mut self, replicas: usize) -> Self {
         self.replicas = Some(replicas);
         self
