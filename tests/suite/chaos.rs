@@ -351,10 +351,10 @@ fn parse(worker: usize, line: &str) -> Section {
     }
 }
 
-/// Every worker that held a section had counted a replica of every primary before it
-/// began, as each primary has one: a client that counts none on a shard grants there
-/// unconfirmed, and a replica promoted without the grant may make it again. Returns
-/// how many counts were said.
+/// Every worker counted a replica of every primary before it asked for a lock, as each
+/// primary has one: a client that counts none on a shard grants there unconfirmed,
+/// and a replica promoted without the grant may make it again. Returns how many
+/// counts were said, for the summary.
 fn check_replicas_counted(
     counts: &[ReplicaCount],
     sections: &[Section],
@@ -395,8 +395,7 @@ fn check_replicas_counted(
 
 /// Per key: no token twice, and every section's token is above the tokens of all
 /// sections that ended before it asked for the lock, whether they kept their
-/// lease or not.
-/// `report` says what led to a violation between two of them.
+/// lease or not. `report` says what led to a violation between two of them.
 fn check_token_order(sections: &[Section], report: impl Fn(&Section, &Section) -> String) {
     for key in fenced_keys() {
         let mut by_end: Vec<&Section> = sections.iter().filter(|s| s.key == key).collect();
