@@ -142,22 +142,21 @@ struct ReplicaCount {
 }
 
 impl ReplicaCount {
-    /// The fewest replicas it counted for any primary: 0 too when a count by slots
-    /// leaves some slot out, since a grant there waits for none.
+    /// The fewest replicas it counted for any primary listed, as a slot left out of a
+    /// listing waits for the most any primary has; none for an empty listing.
     fn fewest(&self) -> usize {
         let unreadable = format!("a chaos worker counted {:?}", self.replicas);
-        let number = |text: &str| text.parse::<usize>().expect(&unreadable);
-        let Some(ranges) = self.replicas.strip_prefix("slots ") else {
-            return number(&self.replicas);
-        };
-        let (mut fewest, mut slots) = (usize::MAX, 0);
-        for range in ranges.split(", ") {
-            let (slots_of, count) = range.split_once(": ").expect(&unreadable);
-            let (first, last) = slots_of.split_once('-').expect(&unreadable);
-            fewest = fewest.min(number(count));
-            slots += number(last) + 1 - number(first);
-        }
-        if slots < 16384 { 0 } else { fewest }
+        let listed = self.replicas.strip_prefix("slots ");
+        let counts = listed.map_or(vec![self.replicas.as_str()], |ranges| {
+            let ranges = ranges.split(", ").filter(|range| !range.is_empty());
+            ranges
+                .map(|range| range.rsplit_once(": ").expect(&unreadable).1)
+                .collect()
+        });
+        let counts = counts
+            .iter()
+            .map(|count| count.parse::<usize>().expect(&unreadable));
+        counts.min().unwrap_or(0)
     }
 }
 
